@@ -1,0 +1,78 @@
+"""Numerical checks: seeded random inputs, ONNX Runtime as the independent oracle, relative error."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+
+from korch.errors import KorchError
+from korch.ir import Graph
+from korch.prims import Prim
+
+
+def _index_bound(graph: Graph, name: str) -> int:
+    """Integer inputs that index a gather are drawn inside the gathered dimension."""
+    bound = None
+    for node in graph.nodes:
+        if node.prim is Prim.GATHER and node.inputs[1] == name:
+            dim = graph.types[node.inputs[0]].shape[node.a["axis"]]
+            bound = dim if bound is None else min(bound, dim)
+    return 2 if bound is None else max(bound, 1)
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name in graph.inputs:
+        t = graph.types[name]
+        if t.dtype == "bool":
+            feeds[name] = rng.random(t.shape) < 0.5
+        elif t.dtype.startswith(("int", "uint")):
+            feeds[name] = rng.integers(0, _index_bound(graph, name), t.shape).astype(t.dtype)
+        else:
+            feeds[name] = rng.standard_normal(t.shape).astype(t.dtype)
+    return feeds
+
+
+def onnxruntime_outputs(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, dict(inputs))))
+    except Exception as e:
+        line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise KorchError(f"ONNX Runtime cannot run this model: {line[:300]}") from None
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want|: one number per tensor, robust to values near zero."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return float("inf")
+    if want.dtype == bool or want.dtype.kind in "iu":
+        return 0.0 if np.array_equal(got, want) else 1.0
+    got64, want64 = got.astype(np.float64), want.astype(np.float64)
+    nan_got, nan_want = np.isnan(got64), np.isnan(want64)
+    if not np.array_equal(nan_got, nan_want):
+        return float("inf")
+    ok = ~nan_want
+    if not ok.any():
+        return 0.0
+    inf_want = np.isinf(want64) & ok
+    if not np.array_equal(got64[inf_want], want64[inf_want]):
+        return float("inf")
+    ok &= ~inf_want
+    if not ok.any():
+        return 0.0
+    scale = max(float(np.max(np.abs(want64[ok]))), 1e-30)
+    return float(np.max(np.abs(got64[ok] - want64[ok]))) / scale
+
+
+def compare_outputs(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> float:
+    return max((rel_err(got[name], want[name]) for name in want), default=0.0)

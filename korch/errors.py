@@ -1,0 +1,13 @@
+"""The exceptions korch raises on purpose: user-facing errors (exit 2) and failed checks (exit 1)."""
+
+
+class KorchError(Exception):
+    """Bad input or an unsupported request; the CLI prints the message on one line and exits 2."""
+
+
+class CheckFailed(Exception):
+    """A numerical check did not pass; the CLI exits 1."""
+
+
+class Unsupported(Exception):
+    """Raised by a fission rule that cannot lower this particular node; the node stays opaque."""

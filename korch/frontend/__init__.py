@@ -1,0 +1,12 @@
+"""Front ends: turn an ONNX model into a primitive graph (the rule modules register themselves)."""
+
+from korch.frontend import (  # noqa: F401  (imported for their registrations)
+    rules_elementwise,
+    rules_layout,
+    rules_linear,
+    rules_pool,
+    rules_reduce,
+)
+from korch.frontend.onnx_import import FissionResult, import_onnx, load_model
+
+__all__ = ["FissionResult", "import_onnx", "load_model"]

@@ -1,0 +1,196 @@
+"""The fission registry and the helpers rules use to emit primitives (broadcasting, axes, constants)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from korch.errors import KorchError, Unsupported
+from korch.ir import GraphBuilder
+from korch.prims import Prim, TensorType
+
+_REQUIRED = object()
+
+
+@dataclass
+class OnnxNode:
+    """One ONNX node as a fission rule sees it: inputs are already korch value names."""
+
+    op_type: str
+    name: str
+    opset: int
+    inputs: list[str | None]
+    n_outputs: int
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def attr(self, key: str, default: Any = _REQUIRED) -> Any:
+        if key in self.attrs:
+            return self.attrs[key]
+        if default is _REQUIRED:
+            raise KorchError(f"required attribute {key!r} is missing")
+        return default
+
+    def input(self, i: int) -> str | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+
+Rule = Callable[["Lowering", OnnxNode], list[str]]
+_RULES: dict[str, list[tuple[int, Rule]]] = {}
+
+
+def fission(op_type: str, *since: int) -> Callable[[Rule], Rule]:
+    """Register a rule for an op type from each listed opset version on (until the next one)."""
+
+    def register(fn: Rule) -> Rule:
+        versions = _RULES.setdefault(op_type, [])
+        for v in since or (1,):
+            if any(v == have for have, _ in versions):
+                raise RuntimeError(f"fission rule for {op_type} opset {v} registered twice")
+            versions.append((v, fn))
+        versions.sort(key=lambda item: item[0])
+        return fn
+
+    return register
+
+
+def find_rule(op_type: str, opset: int) -> Rule | None:
+    """The rule with the highest version at or below the model's opset."""
+    best = None
+    for version, fn in _RULES.get(op_type, []):
+        if version <= opset:
+            best = fn
+    return best
+
+
+def registered_ops() -> dict[str, list[int]]:
+    return {op: [v for v, _ in rules] for op, rules in sorted(_RULES.items())}
+
+
+def normalize_axes(axes: Sequence[int], rank: int) -> tuple[int, ...]:
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -rank <= a < max(rank, 1):
+            raise KorchError(f"axis {a} out of range for rank {rank}")
+        out.append(a % rank if rank else 0)
+    return tuple(sorted(set(out)))
+
+
+class Lowering:
+    """What a fission rule may do: read types and constants, emit primitives."""
+
+    def __init__(self, builder: GraphBuilder):
+        self.b = builder
+
+    # --- reading
+    def type(self, v: str) -> TensorType:
+        return self.b.types[v]
+
+    def shape(self, v: str) -> tuple[int, ...]:
+        return self.b.types[v].shape
+
+    def dtype(self, v: str) -> str:
+        return self.b.types[v].dtype
+
+    def rank(self, v: str) -> int:
+        return self.b.types[v].rank
+
+    def const_value(self, v: str | None) -> np.ndarray | None:
+        return None if v is None else self.b.constants.get(v)
+
+    def require_const(self, v: str, what: str) -> np.ndarray:
+        value = self.const_value(v)
+        if value is None:
+            raise KorchError(f"{what} must be known at compile time (it depends on runtime data)")
+        return value
+
+    def ints(self, v: str | None, what: str) -> list[int] | None:
+        """A constant integer list input (axes, shapes, pads), or None when the input is omitted."""
+        if v is None:
+            return None
+        return [int(x) for x in self.require_const(v, what).reshape(-1)]
+
+    # --- emitting
+    def emit(self, prim: Prim, *inputs: str, **attrs) -> str:
+        (out,) = self.b.emit(prim, inputs, **attrs)
+        return out
+
+    def emit_multi(self, prim: Prim, inputs: Sequence[str], n_out: int, **attrs) -> list[str]:
+        return self.b.emit(prim, inputs, n_out, **attrs)
+
+    def scalar(self, value: Any, dtype: str) -> str:
+        return self.b.const(np.array(value, dtype=dtype))
+
+    def const(self, array: np.ndarray) -> str:
+        return self.b.const(np.asarray(array))
+
+    # --- shape helpers (no-ops when nothing changes)
+    def reshape(self, v: str, shape: Sequence[int]) -> str:
+        shape = tuple(int(d) for d in shape)
+        return v if shape == self.shape(v) else self.emit(Prim.RESHAPE, v, shape=shape)
+
+    def transpose(self, v: str, perm: Sequence[int]) -> str:
+        perm = tuple(int(p) for p in perm)
+        return v if perm == tuple(range(len(perm))) else self.emit(Prim.TRANSPOSE, v, perm=perm)
+
+    def cast(self, v: str, dtype: str) -> str:
+        return v if self.dtype(v) == dtype else self.emit(Prim.CAST, v, to=dtype)
+
+    def broadcast_to(self, v: str, shape: Sequence[int]) -> str:
+        shape = tuple(shape)
+        return v if self.shape(v) == shape else self.emit(Prim.BROADCAST, v, shape=shape)
+
+    def elementwise(self, prim: Prim, *inputs: str) -> str:
+        """ONNX multidirectional broadcasting made explicit: scalars stay scalars, others broadcast."""
+        try:
+            shape = tuple(np.broadcast_shapes(*(self.shape(v) for v in inputs)))
+        except ValueError:
+            raise KorchError(f"shapes {[list(self.shape(v)) for v in inputs]} do not broadcast") from None
+        operands = []
+        for v in inputs:
+            if self.shape(v) == shape or self.rank(v) == 0:
+                operands.append(v)
+            elif self.type(v).numel == 1 and v in self.b.constants:
+                operands.append(self.reshape(v, ()))
+            else:
+                operands.append(self.broadcast_to(v, shape))
+        return self.emit(prim, *operands)
+
+    def unary(self, prim: Prim, v: str) -> str:
+        return self.emit(prim, v)
+
+    def reduce(self, prim: Prim, v: str, axes: Sequence[int], keepdims: bool = True) -> str:
+        axes = normalize_axes(axes, self.rank(v))
+        out = self.emit(prim, v, axes=axes) if axes else v
+        if keepdims:
+            return out
+        return self.reshape(out, [d for i, d in enumerate(self.shape(v)) if i not in axes])
+
+    def mean(self, v: str, axes: Sequence[int], keepdims: bool = True) -> str:
+        axes = normalize_axes(axes, self.rank(v))
+        count = math.prod(self.shape(v)[a] for a in axes)
+        total = self.reduce(Prim.REDUCE_SUM, v, axes, keepdims)
+        return self.elementwise(Prim.MUL, total, self.scalar(1.0 / max(count, 1), self.dtype(v)))
+
+    def slice_axis(self, v: str, axis: int, start: int, size: int, step: int = 1) -> str:
+        shape = self.shape(v)
+        if start == 0 and step == 1 and size == shape[axis]:
+            return v
+        starts = [0] * len(shape)
+        steps = [1] * len(shape)
+        sizes = list(shape)
+        starts[axis], steps[axis], sizes[axis] = start, step, size
+        return self.emit(Prim.SLICE, v, starts=starts, steps=steps, sizes=sizes)
+
+    def concat(self, values: Sequence[str], axis: int) -> str:
+        values = [v for v in values if self.shape(v)[axis] > 0] or list(values[:1])
+        if len(values) == 1:
+            return values[0]
+        return self.emit(Prim.CONCAT, *values, axis=axis)
+
+    def unsupported(self, reason: str) -> None:
+        raise Unsupported(reason)

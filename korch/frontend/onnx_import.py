@@ -1,0 +1,270 @@
+"""ONNX import: load and validate a model, pin its shapes, and split every node into primitives."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import helper, numpy_helper
+
+from korch.errors import KorchError, Unsupported
+from korch.frontend.lowering import Lowering, OnnxNode, find_rule
+from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
+from korch.ir import Graph, GraphBuilder, verify
+from korch.prims import Prim, TensorType
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass
+class FissionResult:
+    graph: Graph
+    model: onnx.ModelProto  # the model with input shapes pinned, for checking against ONNX Runtime
+    onnx_nodes: int
+    opaque: list[tuple[str, str]] = field(default_factory=list)  # (op type, reason)
+
+    @property
+    def opaque_ops(self) -> list[str]:
+        return sorted({op for op, _ in self.opaque})
+
+
+def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    """Read and validate an ONNX file; every failure is a one-line KorchError."""
+    if isinstance(source, onnx.ModelProto):
+        model = source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise KorchError(f"{path}: no such file")
+        try:
+            model = onnx.load(str(path))
+        except (DecodeError, ValueError, RuntimeError, OSError, UnicodeDecodeError) as e:
+            raise KorchError(f"{path}: not a valid ONNX model ({_first_line(e)})") from None
+        except Exception as e:  # protobuf raises assorted types on random bytes
+            raise KorchError(f"{path}: not a valid ONNX model ({type(e).__name__})") from None
+    if not model.HasField("graph") or not model.graph.node and not model.graph.output:
+        raise KorchError("the file holds no ONNX graph")
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as e:
+        raise KorchError(f"invalid ONNX model: {_first_line(e)}") from None
+    return model
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(e).__name__
+
+
+def _input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, TensorType]:
+    """Static types for the graph inputs, with user-pinned shapes; symbolic dims must be pinned."""
+    initializers = {t.name for t in model.graph.initializer}
+    real = [i for i in model.graph.input if i.name not in initializers]
+    unknown = set(shapes) - {i.name for i in real}
+    if unknown:
+        raise KorchError(f"--shape names unknown inputs {sorted(unknown)}; inputs: {[i.name for i in real]}")
+    types, unpinned = {}, []
+    for inp in real:
+        tt = inp.type.tensor_type
+        if not inp.type.HasField("tensor_type"):
+            raise KorchError(f"input {inp.name!r} is not a tensor")
+        dtype = onnx_dtype(tt.elem_type)
+        if inp.name in shapes:
+            pinned = tuple(int(d) for d in shapes[inp.name])
+            if tt.HasField("shape") and len(tt.shape.dim) != len(pinned):
+                raise KorchError(
+                    f"--shape {inp.name}: rank {len(pinned)}, the model says {len(tt.shape.dim)}"
+                )
+            types[inp.name] = TensorType(pinned, dtype)
+            continue
+        if not tt.HasField("shape"):
+            unpinned.append(f"{inp.name}[unknown rank]")
+            continue
+        dims = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value >= 0:
+                dims.append(int(d.dim_value))
+            else:
+                unpinned.append(f"{inp.name}[{i}]={d.dim_param or '?'}")
+        types[inp.name] = TensorType(tuple(dims), dtype) if len(dims) == len(tt.shape.dim) else None
+    if unpinned:
+        raise KorchError(
+            f"symbolic input dimensions {', '.join(unpinned)} must be pinned, e.g. --shape NAME=1x3x224x224"
+        )
+    for name, t in types.items():
+        if t.numel * np.dtype(t.dtype).itemsize > 2**36:
+            raise KorchError(f"input {name!r} of shape {list(t.shape)} is too large ({t.nbytes} bytes)")
+    return types
+
+
+def _pin(model: onnx.ModelProto, types: Mapping[str, TensorType]) -> onnx.ModelProto:
+    pinned = copy.deepcopy(model)
+    for inp in pinned.graph.input:
+        if inp.name in types:
+            inp.type.tensor_type.ClearField("shape")
+            for d in types[inp.name].shape:
+                inp.type.tensor_type.shape.dim.add().dim_value = d
+    return pinned
+
+
+def _inferred_types(model: onnx.ModelProto) -> dict[str, TensorType]:
+    """ONNX's own shape inference, used to cross-check every fission rule's output types."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # inference is a cross-check only; ONNX Runtime reports real problems
+        return {}
+    out = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape") or not all(d.HasField("dim_value") for d in tt.shape.dim):
+            continue
+        try:
+            out[vi.name] = TensorType(tuple(d.dim_value for d in tt.shape.dim), onnx_dtype(tt.elem_type))
+        except KorchError:
+            continue
+    return out
+
+
+def import_onnx(
+    source: str | os.PathLike | onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    strict: bool = False,
+) -> FissionResult:
+    """Load an ONNX model and lower every node through the fission registry."""
+    model = load_model(source)
+    opsets = {o.domain: o.version for o in model.opset_import}
+    opset = opsets.get("", opsets.get("ai.onnx"))
+    if opset is None:
+        raise KorchError("the model imports no default-domain opset")
+    types = _input_types(model, shapes or {})
+    model = _pin(model, types)
+    expected = _inferred_types(model)
+
+    b = GraphBuilder()
+    env: dict[str, str] = {}
+    for name, t in types.items():
+        env[name] = b.input(name, t)
+    for init in model.graph.initializer:
+        try:
+            env[init.name] = b.const(numpy_helper.to_array(init))
+        except (KorchError, ValueError) as e:
+            raise KorchError(f"initializer {init.name!r}: {_first_line(e)}") from None
+    ctx = Lowering(b)
+    opaque: list[tuple[str, str]] = []
+    for node in model.graph.node:
+        where = f"node {node.name or '?'!r} ({node.op_type}, opset {opsets.get(node.domain, opset)})"
+        b.origin = f"{node.op_type}:{node.name}"
+        try:
+            outs = _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model)
+        except Unsupported as e:
+            raise KorchError(f"{where}: {e}") from None
+        except KorchError as e:
+            raise KorchError(f"{where}: {e}") from None
+        for name, value in zip(node.output, outs):
+            if name:
+                _check_type(where, name, b.types[value], expected)
+                env[name] = value
+    missing = [o.name for o in model.graph.output if o.name not in env]
+    if missing:
+        raise KorchError(f"graph outputs {missing} are never computed")
+    graph = b.build(
+        [env[o.name] for o in model.graph.output],
+        [o.name for o in model.graph.output],
+        name=model.graph.name or "main",
+    )
+    verify(graph)
+    return FissionResult(graph, model, len(model.graph.node), opaque)
+
+
+def _check_type(where: str, name: str, got: TensorType, expected: Mapping[str, TensorType]) -> None:
+    want = expected.get(name)
+    if want is not None and want != got:
+        raise KorchError(f"{where}: output {name!r} lowered to {got}, ONNX shape inference says {want}")
+
+
+def _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model) -> list[str]:
+    inputs = []
+    for name in node.input:
+        if not name:
+            inputs.append(None)
+        elif name not in env:
+            raise KorchError(f"input {name!r} is not defined before this node")
+        else:
+            inputs.append(env[name])
+    if node.domain not in DEFAULT_DOMAINS and node.domain not in opsets:
+        raise KorchError(f"domain {node.domain!r} is not imported by the model")
+    version = opsets.get(node.domain, opset)
+    rule = find_rule(node.op_type, version) if node.domain in DEFAULT_DOMAINS else None
+    onnx_node = OnnxNode(
+        node.op_type,
+        node.name,
+        version,
+        inputs,
+        len(node.output),
+        {a.name: helper.get_attribute_value(a) for a in node.attribute},
+    )
+    if rule is not None:
+        try:
+            outs = rule(ctx, onnx_node)
+            if len(outs) < len(node.output):
+                raise KorchError(f"lowering produced {len(outs)} of {len(node.output)} outputs")
+            return outs
+        except Unsupported as e:
+            reason = str(e)
+    else:
+        reason = "no fission rule"
+    if strict:
+        raise Unsupported(f"{reason} (--strict forbids opaque operators)")
+    opaque.append((node.op_type, reason))
+    return _opaque(ctx, node, inputs, expected, model)
+
+
+def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
+    """Keep the node whole: a one-node ONNX model that ONNX Runtime runs as its own kernel."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        raise KorchError("control flow operators are not supported")
+    present = [(n, v) for n, v in zip(node.input, inputs) if v is not None]
+    in_infos = [
+        helper.make_tensor_value_info(n, to_onnx_dtype(ctx.dtype(v)), ctx.shape(v)) for n, v in present
+    ]
+    out_types = [expected.get(o) for o in node.output]
+    out_infos = [onnx.ValueInfoProto(name=o) for o in node.output if o]
+    one = helper.make_model(
+        helper.make_graph([node], "opaque", in_infos, out_infos),
+        opset_imports=list(model.opset_import),
+        ir_version=model.ir_version,
+    )
+    blob = one.SerializeToString()
+    feeds = {
+        n: (ctx.const_value(v) if ctx.const_value(v) is not None else _zeros(ctx.type(v))) for n, v in present
+    }
+    try:
+        results = Prim.OPAQUE.ref(list(feeds.values()), {"model": blob})
+    except Exception as e:
+        raise KorchError(f"ONNX Runtime cannot run this operator either: {_first_line(e)}") from None
+    if all(ctx.const_value(v) is not None for _, v in present) and present:
+        return [ctx.const(r) for r in results]  # constant inputs: computed once, here
+    out_types = [t or TensorType.of(np.asarray(r)) for t, r in zip(out_types, results)]
+    return ctx.emit_multi(
+        Prim.OPAQUE,
+        [v for _, v in present],
+        len(out_types),
+        model=blob,
+        op_type=node.op_type,
+        in_types=[(ctx.shape(v), ctx.dtype(v)) for _, v in present],
+        out_types=[(t.shape, t.dtype) for t in out_types],
+    )
+
+
+def _zeros(t: TensorType) -> np.ndarray:
+    if math.prod(t.shape) > 2**26:
+        raise KorchError(f"opaque operator input {t} is too large to probe")
+    return np.zeros(t.shape, dtype=t.dtype)

@@ -1,0 +1,279 @@
+"""Fission rules for elementwise ONNX operators: arithmetic, activations, comparisons, casts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from korch.frontend.lowering import Lowering, OnnxNode, fission
+from korch.frontend.onnx_types import onnx_dtype
+from korch.prims import FLOAT_DTYPES, Prim
+
+_BINARY = {
+    "Add": Prim.ADD,
+    "Sub": Prim.SUB,
+    "Mul": Prim.MUL,
+    "Div": Prim.DIV,
+    "Equal": Prim.EQ,
+    "Less": Prim.LT,
+    "Greater": Prim.GT,
+    "And": Prim.AND,
+    "Or": Prim.OR,
+    "Xor": Prim.XOR,
+}
+_UNARY = {
+    "Neg": Prim.NEG,
+    "Abs": Prim.ABS,
+    "Exp": Prim.EXP,
+    "Log": Prim.LOG,
+    "Sqrt": Prim.SQRT,
+    "Reciprocal": Prim.RECIPROCAL,
+    "Erf": Prim.ERF,
+    "Tanh": Prim.TANH,
+    "Sigmoid": Prim.SIGMOID,
+    "Floor": Prim.FLOOR,
+    "Ceil": Prim.CEIL,
+    "Round": Prim.ROUND,
+    "Sin": Prim.SIN,
+    "Cos": Prim.COS,
+    "Sign": Prim.SIGN,
+    "Not": Prim.NOT,
+}
+
+
+def _binary_rule(prim: Prim):
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        return [ctx.elementwise(prim, n.inputs[0], n.inputs[1])]
+
+    return rule
+
+
+def _unary_rule(prim: Prim):
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        return [ctx.unary(prim, n.inputs[0])]
+
+    return rule
+
+
+for _op, _prim in _BINARY.items():
+    fission(_op, 1)(_binary_rule(_prim))
+for _op, _prim in _UNARY.items():
+    fission(_op, 1)(_unary_rule(_prim))
+
+
+@fission("LessOrEqual", 12)
+def less_or_equal(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [ctx.unary(Prim.NOT, ctx.elementwise(Prim.GT, n.inputs[0], n.inputs[1]))]
+
+
+@fission("GreaterOrEqual", 12)
+def greater_or_equal(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, n.inputs[0], n.inputs[1]))]
+
+
+@fission("Pow", 1)
+def pow_(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x, y = n.inputs[0], n.inputs[1]
+    e = ctx.const_value(y)
+    if e is not None and e.size == 1 and e.ndim <= ctx.rank(x) and ctx.dtype(x) in FLOAT_DTYPES:
+        # common exponents become cheaper, more accurate primitives
+        e = float(e.reshape(-1)[0])
+        if e == 1.0:
+            return [x]
+        if e == 2.0:
+            return [ctx.elementwise(Prim.MUL, x, x)]
+        if e == 0.5:
+            return [ctx.unary(Prim.SQRT, x)]
+    return [ctx.elementwise(Prim.POW, x, ctx.cast(y, ctx.dtype(x)))]
+
+
+@fission("Cast", 1)
+def cast(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [ctx.cast(n.inputs[0], onnx_dtype(n.attr("to")))]
+
+
+@fission("CastLike", 15)
+def cast_like(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [ctx.cast(n.inputs[0], ctx.dtype(n.inputs[1]))]
+
+
+@fission("Identity", 1)
+def identity(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [n.inputs[0]]
+
+
+@fission("Dropout", 1)
+def dropout(ctx: Lowering, n: OnnxNode) -> list[str]:
+    training = ctx.const_value(n.input(2))
+    if training is not None and bool(training.reshape(-1)[0]):
+        ctx.unsupported("Dropout in training mode is random")
+    x = n.inputs[0]
+    outs = [x]
+    if n.n_outputs > 1:
+        outs.append(ctx.const(np.ones(ctx.shape(x), dtype=bool)))
+    return outs
+
+
+@fission("Where", 9)
+def where(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [ctx.elementwise(Prim.WHERE, *n.inputs[:3])]
+
+
+def _variadic(prim: Prim):
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        acc = n.inputs[0]
+        for v in n.inputs[1:]:
+            acc = ctx.elementwise(prim, acc, v)
+        return [acc]
+
+    return rule
+
+
+fission("Max", 1)(_variadic(Prim.MAX))
+fission("Min", 1)(_variadic(Prim.MIN))
+fission("Sum", 1)(_variadic(Prim.ADD))
+
+
+@fission("Mean", 1)
+def mean_(ctx: Lowering, n: OnnxNode) -> list[str]:
+    total = _variadic(Prim.ADD)(ctx, n)[0]
+    return [ctx.elementwise(Prim.DIV, total, ctx.scalar(len(n.inputs), ctx.dtype(total)))]
+
+
+# ---------------------------------------------------------------- activations
+
+
+def _s(ctx: Lowering, x: str, value: float) -> str:
+    return ctx.scalar(value, ctx.dtype(x))
+
+
+@fission("Relu", 1)
+def relu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    return [ctx.elementwise(Prim.MAX, x, _s(ctx, x, 0))]
+
+
+@fission("LeakyRelu", 1)
+def leaky_relu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    alpha = n.attr("alpha", 0.01)
+    neg = ctx.elementwise(Prim.MUL, x, _s(ctx, x, alpha))
+    return [ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, x, _s(ctx, x, 0)), neg, x)]
+
+
+@fission("PRelu", 1)
+def prelu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x, slope = n.inputs[0], n.inputs[1]
+    neg = ctx.elementwise(Prim.MUL, x, slope)
+    is_neg = ctx.elementwise(Prim.LT, x, _s(ctx, x, 0))
+    if ctx.shape(neg) != ctx.shape(x):
+        is_neg = ctx.broadcast_to(is_neg, ctx.shape(neg))
+    return [ctx.elementwise(Prim.WHERE, is_neg, neg, x)]
+
+
+def _elu_core(ctx: Lowering, x: str, alpha: float) -> str:
+    """alpha * (exp(x) - 1) where x < 0, else x."""
+    em1 = ctx.elementwise(Prim.SUB, ctx.unary(Prim.EXP, x), _s(ctx, x, 1))
+    neg = ctx.elementwise(Prim.MUL, em1, _s(ctx, x, alpha))
+    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, x, _s(ctx, x, 0)), neg, x)
+
+
+@fission("Elu", 1)
+def elu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [_elu_core(ctx, n.inputs[0], n.attr("alpha", 1.0))]
+
+
+@fission("Celu", 12)
+def celu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x, alpha = n.inputs[0], n.attr("alpha", 1.0)
+    scaled = ctx.elementwise(Prim.MUL, x, _s(ctx, x, 1.0 / alpha))
+    em1 = ctx.elementwise(Prim.SUB, ctx.unary(Prim.EXP, scaled), _s(ctx, x, 1))
+    neg = ctx.elementwise(Prim.MIN, ctx.elementwise(Prim.MUL, em1, _s(ctx, x, alpha)), _s(ctx, x, 0))
+    return [ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MAX, x, _s(ctx, x, 0)), neg)]
+
+
+@fission("Selu", 1)
+def selu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    alpha = n.attr("alpha", 1.67326319217681884765625)
+    gamma = n.attr("gamma", 1.05070102214813232421875)
+    return [ctx.elementwise(Prim.MUL, _elu_core(ctx, x, alpha), _s(ctx, x, gamma))]
+
+
+def _hard_sigmoid(ctx: Lowering, x: str, alpha: float, beta: float) -> str:
+    y = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, x, _s(ctx, x, alpha)), _s(ctx, x, beta))
+    return ctx.elementwise(Prim.MIN, ctx.elementwise(Prim.MAX, y, _s(ctx, x, 0)), _s(ctx, x, 1))
+
+
+@fission("HardSigmoid", 1)
+def hard_sigmoid(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [_hard_sigmoid(ctx, n.inputs[0], n.attr("alpha", 0.2), n.attr("beta", 0.5))]
+
+
+@fission("HardSwish", 14)
+def hard_swish(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    return [ctx.elementwise(Prim.MUL, x, _hard_sigmoid(ctx, x, 1.0 / 6.0, 0.5))]
+
+
+def _softplus(ctx: Lowering, x: str) -> str:
+    """log(1 + exp(x)) computed as max(x, 0) + log(1 + exp(-|x|)) so large inputs do not overflow."""
+    tail = ctx.unary(Prim.EXP, ctx.unary(Prim.NEG, ctx.unary(Prim.ABS, x)))
+    log1p = ctx.unary(Prim.LOG, ctx.elementwise(Prim.ADD, tail, _s(ctx, x, 1)))
+    return ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MAX, x, _s(ctx, x, 0)), log1p)
+
+
+@fission("Softplus", 1)
+def softplus(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [_softplus(ctx, n.inputs[0])]
+
+
+@fission("Softsign", 1)
+def softsign(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    denom = ctx.elementwise(Prim.ADD, ctx.unary(Prim.ABS, x), _s(ctx, x, 1))
+    return [ctx.elementwise(Prim.DIV, x, denom)]
+
+
+@fission("Mish", 18)
+def mish(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    return [ctx.elementwise(Prim.MUL, x, ctx.unary(Prim.TANH, _softplus(ctx, x)))]
+
+
+@fission("Gelu", 20)
+def gelu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    if n.attr("approximate", "none") == "tanh":
+        cube = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.MUL, x, x), x)
+        inner = ctx.elementwise(Prim.ADD, x, ctx.elementwise(Prim.MUL, cube, _s(ctx, x, 0.044715)))
+        t = ctx.unary(Prim.TANH, ctx.elementwise(Prim.MUL, inner, _s(ctx, x, math.sqrt(2 / math.pi))))
+        gate = ctx.elementwise(Prim.ADD, t, _s(ctx, x, 1))
+    else:
+        erf = ctx.unary(Prim.ERF, ctx.elementwise(Prim.MUL, x, _s(ctx, x, 1 / math.sqrt(2))))
+        gate = ctx.elementwise(Prim.ADD, erf, _s(ctx, x, 1))
+    return [ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.MUL, x, gate), _s(ctx, x, 0.5))]
+
+
+@fission("ThresholdedRelu", 10)
+def thresholded_relu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    keep = ctx.elementwise(Prim.GT, x, _s(ctx, x, n.attr("alpha", 1.0)))
+    return [ctx.elementwise(Prim.WHERE, keep, x, _s(ctx, x, 0))]
+
+
+@fission("Clip", 1)
+def clip(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    if n.opset < 11:
+        lo, hi = n.attrs.get("min"), n.attrs.get("max")
+        lo = None if lo is None else _s(ctx, x, lo)
+        hi = None if hi is None else _s(ctx, x, hi)
+    else:
+        lo, hi = n.input(1), n.input(2)
+    if lo is not None:
+        x = ctx.elementwise(Prim.MAX, x, lo)
+    if hi is not None:
+        x = ctx.elementwise(Prim.MIN, x, hi)
+    return [x]

@@ -1,0 +1,183 @@
+"""Fission rules for windowed operators (MaxPool, AveragePool) and resampling (Resize, Upsample)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from korch.frontend.lowering import Lowering, OnnxNode, fission
+from korch.frontend.rules_linear import spatial_attrs
+from korch.prims import Prim
+
+# ---------------------------------------------------------------------- pools
+
+
+def _pool_geometry(ctx: Lowering, n: OnnxNode):
+    """Kernel, strides, dilations, output sizes and the begin/end pads (end pads include the
+    extra room ceil_mode needs for its last, partial window)."""
+    sizes = ctx.shape(n.inputs[0])[2:]
+    kernel = list(n.attr("kernel_shape"))
+    strides, pads, dilations = spatial_attrs(n, sizes, kernel)
+    nd = len(kernel)
+    ceil_mode = n.attr("ceil_mode", 0)
+    outs, extra = [], []
+    for i in range(nd):
+        extent = (kernel[i] - 1) * dilations[i] + 1
+        span = sizes[i] + pads[i] + pads[nd + i] - extent
+        out = (math.ceil(span / strides[i]) if ceil_mode else span // strides[i]) + 1
+        if ceil_mode and (out - 1) * strides[i] >= sizes[i] + pads[i]:
+            out -= 1  # a window may not start inside the end padding
+        outs.append(out)
+        extra.append(max(0, (out - 1) * strides[i] + extent - (sizes[i] + pads[i] + pads[nd + i])))
+    return kernel, strides, dilations, outs, pads[:nd], pads[nd:], extra
+
+
+def _windows(ctx, x, kernel, strides, dilations, begins, ends, value):
+    rank = ctx.rank(x)
+    nd = len(kernel)
+    if any(begins) or any(ends):
+        pads = [0] * (rank - nd) + list(begins) + [0] * (rank - nd) + list(ends)
+        x = ctx.emit(Prim.PAD, x, pads=pads, mode="constant", value=value)
+    return ctx.emit(Prim.WINDOW, x, kernel=kernel, strides=strides, dilations=dilations)
+
+
+@fission("MaxPool", 1)
+def max_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
+    if n.n_outputs > 1:
+        ctx.unsupported("MaxPool with an Indices output")
+    x = n.inputs[0]
+    kernel, strides, dil, outs, begins, ends, extra = _pool_geometry(ctx, n)
+    ends = [e + x_ for e, x_ in zip(ends, extra)]
+    lowest = float("-inf") if ctx.dtype(x).startswith("float") else int(np.iinfo(ctx.dtype(x)).min)
+    win = _windows(ctx, x, kernel, strides, dil, begins, ends, lowest)
+    rank = ctx.rank(win)
+    y = ctx.reduce(Prim.REDUCE_MAX, win, range(rank - len(kernel), rank), keepdims=False)
+    return [y]
+
+
+@fission("AveragePool", 1)
+def average_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    kernel, strides, dil, outs, begins, ends, extra = _pool_geometry(ctx, n)
+    win = _windows(ctx, x, kernel, strides, dil, begins, [e + x_ for e, x_ in zip(ends, extra)], 0.0)
+    rank = ctx.rank(win)
+    total = ctx.reduce(Prim.REDUCE_SUM, win, range(rank - len(kernel), rank), keepdims=False)
+    # divisor per output position: how many window elements lie inside the counted region
+    sizes = ctx.shape(x)[2:]
+    pad_value = 1.0 if n.attr("count_include_pad", 0) else 0.0
+    mask = np.pad(np.ones(sizes), list(zip(begins, ends)), constant_values=pad_value)
+    mask = np.pad(mask, [(0, e) for e in extra])
+    count = Prim.WINDOW.ref([mask], {"kernel": kernel, "strides": strides, "dilations": dil})[0]
+    count = count.sum(axis=tuple(range(len(kernel), 2 * len(kernel))))
+    dtype = ctx.dtype(x)
+    if np.all(count == count.flat[0]):
+        return [ctx.elementwise(Prim.MUL, total, ctx.scalar(1.0 / count.flat[0], dtype))]
+    return [ctx.elementwise(Prim.DIV, total, ctx.const(count.astype(dtype)))]
+
+
+# ------------------------------------------------------------------- resizing
+
+
+def _source_coords(mode: str, out_len: int, in_len: int, scale: float) -> np.ndarray:
+    x = np.arange(out_len, dtype=np.float64)
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
+    if mode == "align_corners":
+        return x * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "half_pixel_symmetric":
+        adjustment = out_len / (scale * in_len)
+        offset = in_len / 2 * (1 - adjustment)
+        return offset + (x + 0.5) / scale - 0.5
+    raise ValueError(mode)
+
+
+def _nearest_index(coords: np.ndarray, nearest_mode: str, in_len: int) -> np.ndarray:
+    rounding = {
+        "round_prefer_floor": lambda c: np.ceil(c - 0.5),
+        "round_prefer_ceil": lambda c: np.floor(c + 0.5),
+        "floor": np.floor,
+        "ceil": np.ceil,
+    }[nearest_mode]
+    return np.clip(rounding(coords), 0, in_len - 1).astype("int64")
+
+
+def resample(ctx: Lowering, x: str, out_sizes, scales, mode: str, ctm: str, nearest: str) -> str:
+    """Separable resampling: one gather (nearest) or two gathers and a lerp (linear) per axis."""
+    dtype = ctx.dtype(x)
+    for axis, (in_len, out_len, scale) in enumerate(zip(ctx.shape(x), out_sizes, scales)):
+        if in_len == out_len and scale == 1.0:
+            continue
+        coords = _source_coords(ctm, out_len, in_len, scale)
+        if mode == "nearest":
+            x = ctx.emit(Prim.GATHER, x, ctx.const(_nearest_index(coords, nearest, in_len)), axis=axis)
+            continue
+        coords = np.clip(coords, 0, in_len - 1)
+        lo = np.floor(coords).astype("int64")
+        hi = np.minimum(lo + 1, in_len - 1)
+        weight = (coords - lo).astype(dtype)
+        rank = ctx.rank(x)
+        w = ctx.const(weight.reshape([out_len] + [1] * (rank - axis - 1)))
+        g0 = ctx.emit(Prim.GATHER, x, ctx.const(lo), axis=axis)
+        g1 = ctx.emit(Prim.GATHER, x, ctx.const(hi), axis=axis)
+        x = ctx.elementwise(Prim.ADD, g0, ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, g1, g0), w))
+    return x
+
+
+def _decode(value, default: str) -> str:
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@fission("Resize", 10)
+def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    mode = _decode(n.attrs.get("mode"), "nearest")
+    if n.opset < 11:
+        scales_v, sizes_v, ctm, nearest = n.input(1), None, "asymmetric", "floor"
+    else:
+        scales_v, sizes_v = n.input(2), n.input(3)
+        ctm = _decode(n.attrs.get("coordinate_transformation_mode"), "half_pixel")
+        nearest = _decode(n.attrs.get("nearest_mode"), "round_prefer_floor")
+    if mode not in ("nearest", "linear"):
+        ctx.unsupported(f"Resize mode {mode}")
+    if ctm == "tf_crop_and_resize":
+        ctx.unsupported("Resize coordinate_transformation_mode tf_crop_and_resize")
+    if _decode(n.attrs.get("keep_aspect_ratio_policy"), "stretch") != "stretch":
+        ctx.unsupported("Resize keep_aspect_ratio_policy other than stretch")
+    axes = n.attrs.get("axes")
+    axes = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
+    scales, out_sizes = [1.0] * rank, list(shape)
+    sizes = ctx.ints(sizes_v, "Resize sizes")
+    if sizes:
+        for a, s in zip(axes, sizes):
+            out_sizes[a], scales[a] = s, s / shape[a]
+    else:
+        given = ctx.require_const(scales_v, "Resize scales").astype(np.float64).reshape(-1)
+        for a, s in zip(axes, given):
+            out_sizes[a], scales[a] = int(math.floor(shape[a] * float(np.float32(s)))), float(np.float32(s))
+    if n.attr("antialias", 0) and any(s < 1 for s in scales):
+        ctx.unsupported("antialiased downsampling")
+    return [resample(ctx, x, out_sizes, scales, mode, ctm, nearest)]
+
+
+@fission("Upsample", 7)
+def upsample(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    mode = _decode(n.attrs.get("mode"), "nearest")
+    if mode not in ("nearest", "linear", "bilinear"):
+        ctx.unsupported(f"Upsample mode {mode}")
+    if n.opset < 9:
+        scales = [float(s) for s in n.attr("scales")]
+    else:
+        scales = [float(s) for s in ctx.require_const(n.inputs[1], "Upsample scales").reshape(-1)]
+    out_sizes = [int(math.floor(d * s)) for d, s in zip(ctx.shape(x), scales)]
+    mode = "nearest" if mode == "nearest" else "linear"
+    return [resample(ctx, x, out_sizes, scales, mode, "asymmetric", "floor")]

@@ -1,0 +1,219 @@
+"""Fission rules for reductions and the operators built on them: softmax and the normalizations."""
+
+from __future__ import annotations
+
+import math
+
+from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
+from korch.prims import Prim
+
+
+def _reduce_axes(ctx: Lowering, n: OnnxNode) -> tuple[int, ...] | None:
+    """Axes from the input (newer opsets) or the attribute; None means 'leave the input alone'."""
+    x = n.inputs[0]
+    axes = ctx.ints(n.input(1), "reduction axes")
+    if axes is None:
+        axes = n.attrs.get("axes")
+    if not axes:
+        if n.attr("noop_with_empty_axes", 0):
+            return None
+        axes = range(ctx.rank(x))
+    return normalize_axes(axes, ctx.rank(x))
+
+
+def _reduce_rule(body):
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        x = n.inputs[0]
+        axes = _reduce_axes(ctx, n)
+        if axes is None:
+            return [x]
+        y = body(ctx, x, axes)
+        if n.attr("keepdims", 1):
+            return [y]
+        return [ctx.reshape(y, [d for i, d in enumerate(ctx.shape(x)) if i not in axes])]
+
+    return rule
+
+
+def _sum(ctx, x, axes):
+    return ctx.reduce(Prim.REDUCE_SUM, x, axes)
+
+
+def _mean(ctx, x, axes):
+    if ctx.dtype(x).startswith("float"):
+        return ctx.mean(x, axes)
+    count = math.prod(ctx.shape(x)[a] for a in axes)
+    return ctx.elementwise(Prim.DIV, _sum(ctx, x, axes), ctx.scalar(count, ctx.dtype(x)))
+
+
+def _log_sum_exp(ctx, x, axes):
+    m = ctx.reduce(Prim.REDUCE_MAX, x, axes)
+    shifted = ctx.unary(Prim.EXP, ctx.elementwise(Prim.SUB, x, m))
+    return ctx.elementwise(Prim.ADD, ctx.unary(Prim.LOG, _sum(ctx, shifted, axes)), m)
+
+
+_REDUCTIONS = {
+    "ReduceSum": _sum,
+    "ReduceMean": _mean,
+    "ReduceMax": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_MAX, x, axes),
+    "ReduceMin": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_MIN, x, axes),
+    "ReduceProd": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_PROD, x, axes),
+    "ReduceL1": lambda ctx, x, axes: _sum(ctx, ctx.unary(Prim.ABS, x), axes),
+    "ReduceL2": lambda ctx, x, axes: ctx.unary(Prim.SQRT, _sum(ctx, ctx.elementwise(Prim.MUL, x, x), axes)),
+    "ReduceSumSquare": lambda ctx, x, axes: _sum(ctx, ctx.elementwise(Prim.MUL, x, x), axes),
+    "ReduceLogSum": lambda ctx, x, axes: ctx.unary(Prim.LOG, _sum(ctx, x, axes)),
+    "ReduceLogSumExp": _log_sum_exp,
+}
+for _op, _body in _REDUCTIONS.items():
+    fission(_op, 1)(_reduce_rule(_body))
+
+
+def _arg_rule(prim: Prim):
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        if n.attr("select_last_index", 0):
+            ctx.unsupported("select_last_index=1")
+        x = n.inputs[0]
+        (axis,) = normalize_axes([n.attr("axis", 0)], ctx.rank(x))
+        y = ctx.emit(prim, x, axis=axis)
+        if n.attr("keepdims", 1):
+            return [y]
+        return [ctx.reshape(y, [d for i, d in enumerate(ctx.shape(x)) if i != axis])]
+
+    return rule
+
+
+fission("ArgMax", 1)(_arg_rule(Prim.ARGMAX))
+fission("ArgMin", 1)(_arg_rule(Prim.ARGMIN))
+
+
+# -------------------------------------------------------------------- softmax
+
+
+def _softmax(ctx: Lowering, x: str, axis: int, log: bool) -> str:
+    """Max-subtracted so exp never sees large positive arguments."""
+    m = ctx.reduce(Prim.REDUCE_MAX, x, [axis])
+    shifted = ctx.elementwise(Prim.SUB, x, m)
+    e = ctx.unary(Prim.EXP, shifted)
+    s = ctx.reduce(Prim.REDUCE_SUM, e, [axis])
+    if log:
+        return ctx.elementwise(Prim.SUB, shifted, ctx.unary(Prim.LOG, s))
+    return ctx.elementwise(Prim.DIV, e, s)
+
+
+def _softmax_rule(log: bool, coerce_2d: bool):
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        x = n.inputs[0]
+        shape = ctx.shape(x)
+        (axis,) = normalize_axes([n.attr("axis", 1 if coerce_2d else -1)], len(shape))
+        if not coerce_2d:
+            return [_softmax(ctx, x, axis, log)]
+        # before opset 13 the input is flattened to 2D at `axis` and normalised over the tail
+        flat = ctx.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+        return [ctx.reshape(_softmax(ctx, flat, 1, log), shape)]
+
+    return rule
+
+
+fission("Softmax", 1)(_softmax_rule(log=False, coerce_2d=True))
+fission("Softmax", 13)(_softmax_rule(log=False, coerce_2d=False))
+fission("LogSoftmax", 1)(_softmax_rule(log=True, coerce_2d=True))
+fission("LogSoftmax", 13)(_softmax_rule(log=True, coerce_2d=False))
+
+
+# ------------------------------------------------------------- normalizations
+
+
+def _normalize(ctx: Lowering, x: str, axes, eps: float) -> tuple[str, str, str]:
+    """(x - mean) * rsqrt(var + eps) over axes; also returns mean and the inverse std-dev."""
+    mean = ctx.mean(x, axes)
+    centered = ctx.elementwise(Prim.SUB, x, mean)
+    var = ctx.mean(ctx.elementwise(Prim.MUL, centered, centered), axes)
+    var_eps = ctx.elementwise(Prim.ADD, var, ctx.scalar(eps, ctx.dtype(x)))
+    inv_std = ctx.unary(Prim.RECIPROCAL, ctx.unary(Prim.SQRT, var_eps))
+    return ctx.elementwise(Prim.MUL, centered, inv_std), mean, inv_std
+
+
+def _channel_param(ctx: Lowering, p: str, rank: int) -> str:
+    """A per-channel [C] vector shaped [C, 1, ...] to broadcast against [N, C, *spatial]."""
+    return ctx.reshape(p, (ctx.shape(p)[0],) + (1,) * (rank - 2))
+
+
+@fission("LayerNormalization", 17)
+def layer_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x, scale, bias = n.inputs[0], n.inputs[1], n.input(2)
+    dtype = ctx.dtype(x)
+    stash = "float32" if n.attr("stash_type", 1) == 1 else dtype
+    rank = ctx.rank(x)
+    axis = normalize_axes([n.attr("axis", -1)], rank)[0]
+    axes = list(range(axis, rank))
+    y, mean, inv_std = _normalize(ctx, ctx.cast(x, stash), axes, n.attr("epsilon", 1e-5))
+    y = ctx.cast(y, dtype)
+    y = ctx.elementwise(Prim.MUL, y, scale)
+    if bias is not None:
+        y = ctx.elementwise(Prim.ADD, y, bias)
+    return [y, mean, inv_std][: n.n_outputs]
+
+
+@fission("InstanceNormalization", 1)
+def instance_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x, scale, bias = n.inputs[:3]
+    rank = ctx.rank(x)
+    y, _, _ = _normalize(ctx, x, range(2, rank), n.attr("epsilon", 1e-5))
+    y = ctx.elementwise(Prim.MUL, y, _channel_param(ctx, scale, rank))
+    return [ctx.elementwise(Prim.ADD, y, _channel_param(ctx, bias, rank))]
+
+
+def _group_norm_rule(per_channel: bool):
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        x, scale, bias = n.inputs[:3]
+        shape = ctx.shape(x)
+        dtype = ctx.dtype(x)
+        groups = n.attr("num_groups")
+        if shape[1] % groups:
+            ctx.unsupported(f"{shape[1]} channels do not split into {groups} groups")
+        stash = "float32" if n.attr("stash_type", 1) == 1 else dtype
+        grouped = ctx.reshape(ctx.cast(x, stash), (shape[0], groups, math.prod(shape[1:]) // groups))
+        y, _, _ = _normalize(ctx, grouped, [2], n.attr("epsilon", 1e-5))
+        y = ctx.reshape(ctx.cast(y, dtype), shape)
+        if not per_channel:
+            # opset 18: one scale/bias per group, repeated over that group's channels
+            per_group = (groups, shape[1] // groups)
+            scale = ctx.reshape(ctx.broadcast_to(ctx.reshape(scale, (groups, 1)), per_group), [shape[1]])
+            bias = ctx.reshape(ctx.broadcast_to(ctx.reshape(bias, (groups, 1)), per_group), [shape[1]])
+        y = ctx.elementwise(Prim.MUL, y, _channel_param(ctx, scale, len(shape)))
+        return [ctx.elementwise(Prim.ADD, y, _channel_param(ctx, bias, len(shape)))]
+
+    return rule
+
+
+fission("GroupNormalization", 18)(_group_norm_rule(per_channel=False))
+fission("GroupNormalization", 21)(_group_norm_rule(per_channel=True))
+
+
+@fission("BatchNormalization", 1)
+def batch_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    if n.attr("training_mode", 0) or n.n_outputs > 1:
+        ctx.unsupported("training-mode BatchNormalization")
+    x, scale, bias, mean, var = n.inputs[:5]
+    rank = ctx.rank(x)
+    # y = x * a + b with a = scale / sqrt(var + eps), b = bias - mean * a (folded when constant)
+    eps = ctx.scalar(n.attr("epsilon", 1e-5), ctx.dtype(var))
+    a = ctx.elementwise(
+        Prim.MUL, scale, ctx.unary(Prim.RECIPROCAL, ctx.unary(Prim.SQRT, ctx.elementwise(Prim.ADD, var, eps)))
+    )
+    b = ctx.elementwise(Prim.SUB, bias, ctx.elementwise(Prim.MUL, mean, a))
+    if rank > 2:
+        a, b = _channel_param(ctx, a, rank), _channel_param(ctx, b, rank)
+    return [ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, x, a), b)]
+
+
+@fission("GlobalAveragePool", 1)
+def global_average_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    return [ctx.mean(x, range(2, ctx.rank(x)))]
+
+
+@fission("GlobalMaxPool", 1)
+def global_max_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    return [ctx.reduce(Prim.REDUCE_MAX, x, range(2, ctx.rank(x)))]

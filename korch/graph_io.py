@@ -1,0 +1,149 @@
+"""Saving and loading primitive graphs: structure as JSON, large constants in a sibling .npz."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from korch.errors import KorchError
+from korch.ir import Graph, Node, freeze_attr, verify
+from korch.prims import Prim, TensorType
+
+FORMAT = "korch.primgraph/1"
+INLINE_LIMIT = 16  # constants up to this many elements are written into the JSON itself
+
+
+def _attr_to_json(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}
+    if isinstance(value, tuple):
+        return [_attr_to_json(v) for v in value]
+    return value
+
+
+def _attr_from_json(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"base64"}:
+        return base64.b64decode(value["base64"])
+    if isinstance(value, list):
+        return tuple(_attr_from_json(v) for v in value)
+    return value
+
+
+def graph_to_json(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
+    """The JSON document and the arrays too large to inline."""
+    big: dict[str, np.ndarray] = {}
+    consts = []
+    for name, array in graph.constants.items():
+        entry = {"name": name, "shape": list(array.shape), "dtype": str(array.dtype)}
+        if array.size <= INLINE_LIMIT:
+            entry["data"] = array.reshape(-1).tolist()
+        else:
+            big[name] = array
+        consts.append(entry)
+    doc = {
+        "format": FORMAT,
+        "name": graph.name,
+        "inputs": [
+            {"name": v, "shape": list(graph.types[v].shape), "dtype": graph.types[v].dtype}
+            for v in graph.inputs
+        ],
+        "outputs": [{"value": v, "name": n} for v, n in zip(graph.outputs, graph.output_names)],
+        "constants": consts,
+        "nodes": [
+            {
+                "prim": node.prim.value,
+                "inputs": list(node.inputs),
+                "outputs": [
+                    {"name": v, "shape": list(graph.types[v].shape), "dtype": graph.types[v].dtype}
+                    for v in node.outputs
+                ],
+                "attrs": {k: _attr_to_json(v) for k, v in node.attrs},
+                "origin": node.origin,
+            }
+            for node in graph.nodes
+        ],
+    }
+    return doc, big
+
+
+def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
+    """Write PATH (JSON) and, when needed, PATH with suffix .npz; each file appears atomically."""
+    path = Path(path)
+    doc, big = graph_to_json(graph)
+    written = []
+    if big:
+        npz = path.with_suffix(".npz")
+        doc["arrays"] = npz.name
+        _atomic_write(npz, lambda f: np.savez(f, **big))
+        written.append(npz)
+    _atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+    written.insert(0, path)
+    return written
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_graph(path: str | os.PathLike) -> Graph:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") != FORMAT:
+            raise KorchError(f"{path}: not a korch primitive graph (format {doc.get('format')!r})")
+        arrays = np.load(path.parent / doc["arrays"]) if "arrays" in doc else {}
+        types, constants = {}, {}
+        for c in doc["constants"]:
+            if "data" in c:
+                array = np.array(c["data"], dtype=c["dtype"]).reshape(c["shape"])
+            else:
+                array = np.asarray(arrays[c["name"]])
+            array.setflags(write=False)
+            constants[c["name"]] = array
+            types[c["name"]] = TensorType.of(array)
+        for i in doc["inputs"]:
+            types[i["name"]] = TensorType(tuple(i["shape"]), i["dtype"])
+        nodes = []
+        for nd in doc["nodes"]:
+            for o in nd["outputs"]:
+                types[o["name"]] = TensorType(tuple(o["shape"]), o["dtype"])
+            attrs = tuple(sorted((k, freeze_attr(_attr_from_json(v))) for k, v in nd["attrs"].items()))
+            nodes.append(
+                Node(
+                    Prim(nd["prim"]),
+                    tuple(nd["inputs"]),
+                    tuple(o["name"] for o in nd["outputs"]),
+                    attrs,
+                    nd.get("origin", ""),
+                )
+            )
+        graph = Graph(
+            inputs=tuple(i["name"] for i in doc["inputs"]),
+            outputs=tuple(o["value"] for o in doc["outputs"]),
+            output_names=tuple(o["name"] for o in doc["outputs"]),
+            types=MappingProxyType(types),
+            constants=MappingProxyType(constants),
+            nodes=tuple(nodes),
+            name=doc.get("name", "main"),
+        )
+    except KorchError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise KorchError(f"{path}: cannot read primitive graph ({type(e).__name__}: {e})") from None
+    verify(graph)
+    return graph
