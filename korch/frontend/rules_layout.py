@@ -253,8 +253,6 @@ def pad(ctx: Lowering, n: OnnxNode) -> list[str]:
     x = n.inputs[0]
     rank = ctx.rank(x)
     mode = n.attr("mode", "constant")
-    if isinstance(mode, bytes):
-        mode = mode.decode()
     if mode not in ("constant", "reflect", "edge"):
         ctx.unsupported(f"Pad mode {mode}")
     if n.opset < 11:

@@ -70,8 +70,6 @@ def spatial_attrs(n: OnnxNode, sizes, kernel) -> tuple[list[int], list[int], lis
     strides = list(n.attr("strides", [1] * nd))
     dilations = list(n.attr("dilations", [1] * nd))
     auto_pad = n.attr("auto_pad", "NOTSET")
-    if isinstance(auto_pad, bytes):
-        auto_pad = auto_pad.decode()
     if auto_pad in ("", "NOTSET"):
         pads = list(n.attr("pads", [0] * (2 * nd)))
     else:
@@ -104,7 +102,6 @@ def conv_transpose(ctx: Lowering, n: OnnxNode) -> list[str]:
     dilations = list(n.attr("dilations", [1] * nd))
     out_pad = list(n.attr("output_padding", [0] * nd))
     auto_pad = n.attr("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     out_shape = n.attrs.get("output_shape")
     if out_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out_shape = [s * st for s, st in zip(sizes, strides)]

@@ -79,20 +79,30 @@ def average_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
 # ------------------------------------------------------------------- resizing
 
 
+COORDINATE_MODES = (
+    "half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric",
+    "tf_half_pixel_for_nn",
+)
+
+
 def _source_coords(mode: str, out_len: int, in_len: int, scale: float) -> np.ndarray:
-    x = np.arange(out_len, dtype=np.float64)
+    """Source coordinate of every output index, in float32 like ONNX Runtime (ties must agree)."""
+    f = np.float32
+    x, scale, one, half = np.arange(out_len, dtype=f), f(scale), f(1), f(0.5)
     if mode == "half_pixel":
-        return (x + 0.5) / scale - 0.5
+        return (x + half) / scale - half
     if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
+        return (x + half) / scale - half if out_len > 1 else np.zeros(out_len, f)
     if mode == "align_corners":
-        return x * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
+        return x * f(in_len - 1) / f(out_len - 1) if out_len > 1 else np.zeros(out_len, f)
     if mode == "asymmetric":
         return x / scale
+    if mode == "tf_half_pixel_for_nn":
+        return (x + half) / scale
     if mode == "half_pixel_symmetric":
-        adjustment = out_len / (scale * in_len)
-        offset = in_len / 2 * (1 - adjustment)
-        return offset + (x + 0.5) / scale - 0.5
+        adjustment = f(out_len) / (scale * f(in_len))
+        offset = f(in_len) / f(2) * (one - adjustment)
+        return offset + (x + half) / scale - half
     raise ValueError(mode)
 
 
@@ -128,29 +138,23 @@ def resample(ctx: Lowering, x: str, out_sizes, scales, mode: str, ctm: str, near
     return x
 
 
-def _decode(value, default: str) -> str:
-    if value is None:
-        return default
-    return value.decode() if isinstance(value, bytes) else value
-
-
 @fission("Resize", 10)
 def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
     x = n.inputs[0]
     shape = ctx.shape(x)
     rank = len(shape)
-    mode = _decode(n.attrs.get("mode"), "nearest")
+    mode = n.attr("mode", "nearest")
     if n.opset < 11:
         scales_v, sizes_v, ctm, nearest = n.input(1), None, "asymmetric", "floor"
     else:
         scales_v, sizes_v = n.input(2), n.input(3)
-        ctm = _decode(n.attrs.get("coordinate_transformation_mode"), "half_pixel")
-        nearest = _decode(n.attrs.get("nearest_mode"), "round_prefer_floor")
+        ctm = n.attr("coordinate_transformation_mode", "half_pixel")
+        nearest = n.attr("nearest_mode", "round_prefer_floor")
     if mode not in ("nearest", "linear"):
         ctx.unsupported(f"Resize mode {mode}")
-    if ctm == "tf_crop_and_resize":
-        ctx.unsupported("Resize coordinate_transformation_mode tf_crop_and_resize")
-    if _decode(n.attrs.get("keep_aspect_ratio_policy"), "stretch") != "stretch":
+    if ctm not in COORDINATE_MODES:
+        ctx.unsupported(f"Resize coordinate_transformation_mode {ctm}")
+    if n.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
         ctx.unsupported("Resize keep_aspect_ratio_policy other than stretch")
     axes = n.attrs.get("axes")
     axes = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
@@ -171,7 +175,7 @@ def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
 @fission("Upsample", 7)
 def upsample(ctx: Lowering, n: OnnxNode) -> list[str]:
     x = n.inputs[0]
-    mode = _decode(n.attrs.get("mode"), "nearest")
+    mode = n.attr("mode", "nearest")
     if mode not in ("nearest", "linear", "bilinear"):
         ctx.unsupported(f"Upsample mode {mode}")
     if n.opset < 9:

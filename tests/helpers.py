@@ -1,0 +1,82 @@
+"""Test helpers: one-node ONNX models checked in ONNX Runtime against the reference executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+import korch
+from korch import check, reference
+from korch.frontend.onnx_types import to_onnx_dtype
+
+
+@dataclass
+class Const:
+    """A node input given as an initializer (so fission may treat it as a compile-time constant)."""
+
+    value: np.ndarray
+
+
+def rand(*shape, dtype="float32", seed=0, low=None, high=None):
+    rng = np.random.default_rng(seed + 7 * len(shape) + sum(shape))
+    if dtype.startswith("int"):
+        return rng.integers(low or 0, high or 5, shape).astype(dtype)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    x = rng.standard_normal(shape)
+    if low is not None:
+        x = rng.uniform(low, high, shape)
+    return x.astype(dtype)
+
+
+def one_node_model(op_type, inputs, attrs=None, opset=17, n_outputs=1, out_dtypes=None, domain=""):
+    names, graph_inputs, inits, feeds = [], [], [], {}
+    for i, value in enumerate(inputs):
+        if value is None:
+            names.append("")
+            continue
+        name = f"in{i}"
+        names.append(name)
+        if isinstance(value, Const):
+            inits.append(numpy_helper.from_array(np.asarray(value.value), name))
+        else:
+            value = np.asarray(value)
+            graph_inputs.append(helper.make_tensor_value_info(name, to_onnx_dtype(str(value.dtype)), value.shape))
+            feeds[name] = value
+    first = next(np.asarray(v.value if isinstance(v, Const) else v) for v in inputs if v is not None)
+    out_dtypes = out_dtypes or [str(first.dtype)] * n_outputs
+    outs = [f"out{i}" for i in range(n_outputs)]
+    node = helper.make_node(op_type, names, outs, domain=domain, **(attrs or {}))
+    graph = helper.make_graph(
+        [node],
+        "test",
+        graph_inputs,
+        [helper.make_tensor_value_info(o, to_onnx_dtype(d), None) for o, d in zip(outs, out_dtypes)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 10)
+    return model, feeds
+
+
+def check_model(model, feeds, tol=1e-4, allow_opaque=False):
+    """Fission the model, run it in the reference executor and in ONNX Runtime, compare outputs."""
+    result = korch.fission(model)
+    if not allow_opaque:
+        assert not result.opaque, f"left opaque: {result.opaque}"
+    want = check.onnxruntime_outputs(model, feeds)
+    got = reference.run(result.graph, feeds)
+    for name, w in want.items():
+        assert got[name].shape == w.shape, (name, got[name].shape, w.shape)
+        assert got[name].dtype == w.dtype, (name, got[name].dtype, w.dtype)
+        err = check.rel_err(got[name], w)
+        assert err <= tol, f"{name}: relative error {err:.3g}"
+    return result
+
+
+def check_op(op_type, inputs, attrs=None, opset=17, n_outputs=1, out_dtypes=None, tol=1e-4):
+    model, feeds = one_node_model(op_type, inputs, attrs, opset, n_outputs, out_dtypes)
+    return check_model(model, feeds, tol)

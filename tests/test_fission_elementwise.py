@@ -1,0 +1,156 @@
+"""Fission rules for elementwise operators, each checked against ONNX Runtime."""
+
+import numpy as np
+import pytest
+from helpers import Const, check_op, rand
+
+BROADCASTS = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((2, 1, 4), (3, 1)), ((1,), (2, 3)), ((), (5,))]
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("shapes", BROADCASTS)
+@pytest.mark.parametrize("opset", [13, 14, 21])
+def test_arithmetic(op, shapes, opset):
+    a, b = rand(*shapes[0]), rand(*shapes[1], seed=1)
+    check_op(op, [a, b], opset=opset)
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul", "Sub", "Div"])
+def test_arithmetic_int64(op):
+    a = rand(3, 4, dtype="int64", low=1, high=20)
+    b = rand(4, dtype="int64", seed=2, low=1, high=7)
+    check_op(op, [a, b], opset=14)
+
+
+def test_arithmetic_with_constant_operand():
+    check_op("Mul", [rand(2, 5), Const(np.array([0.5], dtype="float32"))])
+    check_op("Add", [Const(rand(5, seed=3)), rand(4, 5)])
+
+
+@pytest.mark.parametrize("op", ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"])
+@pytest.mark.parametrize("shapes", BROADCASTS[:3])
+def test_comparisons(op, shapes):
+    a = rand(*shapes[0], dtype="int64")
+    b = rand(*shapes[1], dtype="int64", seed=1)
+    check_op(op, [a, b], opset=13, out_dtypes=["bool"])
+    check_op(op, [a.astype("float32"), b.astype("float32")], opset=16, out_dtypes=["bool"])
+
+
+@pytest.mark.parametrize("op", ["And", "Or", "Xor"])
+def test_logical(op):
+    check_op(op, [rand(3, 4, dtype="bool"), rand(4, dtype="bool", seed=5)])
+
+
+def test_not():
+    check_op("Not", [rand(3, 4, dtype="bool")])
+
+
+UNARY = ["Neg", "Abs", "Exp", "Erf", "Tanh", "Sigmoid", "Floor", "Ceil", "Sin", "Cos", "Sign",
+         "Relu", "Softplus", "Softsign", "Identity"]
+
+
+@pytest.mark.parametrize("op", UNARY)
+@pytest.mark.parametrize("shape", [(7,), (2, 3, 5), ()])
+def test_unary(op, shape):
+    check_op(op, [rand(*shape) * 4], opset=13)
+
+
+@pytest.mark.parametrize("op", ["Log", "Sqrt", "Reciprocal"])
+def test_unary_positive(op):
+    check_op(op, [rand(3, 4, low=0.1, high=5.0)], opset=13)
+
+
+def test_round_half_to_even():
+    check_op("Round", [np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.4, 2.6], dtype="float32")])
+
+
+def test_softplus_large_inputs_do_not_overflow():
+    check_op("Softplus", [np.array([-100, -20, 0, 20, 80, 100], dtype="float32")])
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.2])
+def test_leaky_relu(alpha):
+    check_op("LeakyRelu", [rand(3, 8)], {"alpha": alpha})
+
+
+def test_leaky_relu_default_alpha():
+    check_op("LeakyRelu", [rand(3, 8)])
+
+
+@pytest.mark.parametrize("slope_shape", [(1,), (8,), (3, 1)])
+def test_prelu(slope_shape):
+    check_op("PRelu", [rand(3, 8), Const(rand(*slope_shape, seed=4))])
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("Elu", {}), ("Elu", {"alpha": 0.5}), ("Selu", {}), ("Selu", {"alpha": 1.5, "gamma": 1.1}),
+    ("Celu", {"alpha": 2.0}), ("HardSigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
+    ("HardSwish", {}), ("ThresholdedRelu", {"alpha": 0.5}),
+])
+def test_parametric_activations(op, attrs):
+    check_op(op, [rand(4, 6) * 3], attrs, opset=14)
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_mish(opset):
+    check_op("Mish", [rand(4, 6) * 5], opset=opset)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu(approximate):
+    check_op("Gelu", [rand(4, 6) * 3], {"approximate": approximate}, opset=20)
+
+
+@pytest.mark.parametrize("exponent", [2.0, 0.5, 3.0, 1.0, -1.0])
+def test_pow_constant_exponent(exponent):
+    check_op("Pow", [rand(3, 4, low=0.1, high=3.0), Const(np.array(exponent, dtype="float32"))])
+
+
+def test_pow_tensor_exponent():
+    check_op("Pow", [rand(3, 4, low=0.1, high=3.0), rand(4, seed=2)])
+
+
+def test_pow_int_exponent():
+    check_op("Pow", [rand(3, 4, low=0.1, high=3.0), Const(np.array(2, dtype="int64"))], opset=15)
+
+
+@pytest.mark.parametrize("opset", [6, 11, 13])
+def test_clip(opset):
+    x = rand(4, 5) * 3
+    if opset < 11:
+        check_op("Clip", [x], {"min": -1.0, "max": 0.5}, opset=opset)
+    else:
+        lo, hi = Const(np.array(-1.0, "float32")), Const(np.array(0.5, "float32"))
+        check_op("Clip", [x, lo, hi], opset=opset)
+        check_op("Clip", [x, None, hi], opset=opset)
+        check_op("Clip", [x, lo], opset=opset)
+        check_op("Clip", [x], opset=opset)
+
+
+@pytest.mark.parametrize("to,dtype", [(1, "float32"), (7, "int64"), (6, "int32"), (9, "bool"), (10, "float16")])
+def test_cast(to, dtype):
+    check_op("Cast", [rand(3, 4) * 10], {"to": to}, out_dtypes=[dtype], opset=13)
+
+
+def test_cast_like():
+    check_op("CastLike", [rand(3, 4) * 10, Const(np.zeros(1, "int64"))], out_dtypes=["int64"], opset=15)
+
+
+@pytest.mark.parametrize("shapes", [((3, 4), (3, 4), (3, 4)), ((4,), (3, 1), ()), ((1, 4), (3, 4), (1,))])
+def test_where(shapes):
+    c = rand(*shapes[0], dtype="bool")
+    check_op("Where", [c, rand(*shapes[1], seed=1), rand(*shapes[2], seed=2)], opset=16, out_dtypes=["float32"])
+
+
+@pytest.mark.parametrize("op", ["Max", "Min", "Sum", "Mean"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_variadic(op, n):
+    check_op(op, [rand(3, 4, seed=i) if i % 2 == 0 else rand(4, seed=i) for i in range(n)], opset=13)
+
+
+@pytest.mark.parametrize("opset", [7, 12, 13])
+def test_dropout_is_identity_at_inference(opset):
+    if opset < 12:
+        check_op("Dropout", [rand(3, 4)], {"ratio": 0.3}, opset=opset)
+    else:
+        check_op("Dropout", [rand(3, 4), Const(np.array(0.3, "float32"))], opset=opset)
