@@ -240,16 +240,22 @@ def _fmt_const(array: np.ndarray) -> str:
 
 
 def to_text(graph: Graph) -> str:
-    """A stable, human-readable form used by golden tests and `korch fission` logs."""
+    """A stable, human-readable form for golden tests and logs; values are renumbered in order."""
+    names = {v: v for v in graph.inputs}
+    names.update({c: f"c{i}" for i, c in enumerate(graph.constants)})
+    for node in graph.nodes:
+        for v in node.outputs:
+            names[v] = f"t{len(names) - len(graph.inputs) - len(graph.constants)}"
     args = ", ".join(f"{v}: {graph.types[v]}" for v in graph.inputs)
     lines = [f"graph {graph.name}({args}) {{"]
     for name, array in graph.constants.items():
-        lines.append(f"  {name}: {graph.types[name]} = const {_fmt_const(array)}")
+        lines.append(f"  {names[name]}: {graph.types[name]} = const {_fmt_const(array)}")
     for node in graph.nodes:
-        outs = ", ".join(f"{v}: {graph.types[v]}" for v in node.outputs)
-        attrs = " ".join(_fmt_attr(k, v) for k, v in node.attrs if k not in ("model",))
-        lines.append(f"  {outs} = {node.prim.value}({', '.join(node.inputs)}){' ' + attrs if attrs else ''}")
-    rets = ", ".join(f"{v} as {n}" if v != n else v for v, n in zip(graph.outputs, graph.output_names))
+        outs = ", ".join(f"{names[v]}: {graph.types[v]}" for v in node.outputs)
+        ins = ", ".join(names[v] for v in node.inputs)
+        attrs = " ".join(_fmt_attr(k, v) for k, v in node.attrs if k != "model")
+        lines.append(f"  {outs} = {node.prim.value}({ins}){' ' + attrs if attrs else ''}")
+    rets = ", ".join(f"{names[v]} as {n}" for v, n in zip(graph.outputs, graph.output_names))
     lines.append(f"  return {rets}")
     lines.append("}")
     return "\n".join(lines)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 from onnx import helper, numpy_helper
 
 import korch
@@ -44,7 +43,9 @@ def one_node_model(op_type, inputs, attrs=None, opset=17, n_outputs=1, out_dtype
             inits.append(numpy_helper.from_array(np.asarray(value.value), name))
         else:
             value = np.asarray(value)
-            graph_inputs.append(helper.make_tensor_value_info(name, to_onnx_dtype(str(value.dtype)), value.shape))
+            graph_inputs.append(
+                helper.make_tensor_value_info(name, to_onnx_dtype(str(value.dtype)), value.shape)
+            )
             feeds[name] = value
     first = next(np.asarray(v.value if isinstance(v, Const) else v) for v in inputs if v is not None)
     out_dtypes = out_dtypes or [str(first.dtype)] * n_outputs

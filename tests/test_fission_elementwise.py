@@ -45,8 +45,23 @@ def test_not():
     check_op("Not", [rand(3, 4, dtype="bool")])
 
 
-UNARY = ["Neg", "Abs", "Exp", "Erf", "Tanh", "Sigmoid", "Floor", "Ceil", "Sin", "Cos", "Sign",
-         "Relu", "Softplus", "Softsign", "Identity"]
+UNARY = [
+    "Neg",
+    "Abs",
+    "Exp",
+    "Erf",
+    "Tanh",
+    "Sigmoid",
+    "Floor",
+    "Ceil",
+    "Sin",
+    "Cos",
+    "Sign",
+    "Relu",
+    "Softplus",
+    "Softsign",
+    "Identity",
+]
 
 
 @pytest.mark.parametrize("op", UNARY)
@@ -82,11 +97,20 @@ def test_prelu(slope_shape):
     check_op("PRelu", [rand(3, 8), Const(rand(*slope_shape, seed=4))])
 
 
-@pytest.mark.parametrize("op,attrs", [
-    ("Elu", {}), ("Elu", {"alpha": 0.5}), ("Selu", {}), ("Selu", {"alpha": 1.5, "gamma": 1.1}),
-    ("Celu", {"alpha": 2.0}), ("HardSigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
-    ("HardSwish", {}), ("ThresholdedRelu", {"alpha": 0.5}),
-])
+@pytest.mark.parametrize(
+    "op,attrs",
+    [
+        ("Elu", {}),
+        ("Elu", {"alpha": 0.5}),
+        ("Selu", {}),
+        ("Selu", {"alpha": 1.5, "gamma": 1.1}),
+        ("Celu", {"alpha": 2.0}),
+        ("HardSigmoid", {}),
+        ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
+        ("HardSwish", {}),
+        ("ThresholdedRelu", {"alpha": 0.5}),
+    ],
+)
 def test_parametric_activations(op, attrs):
     check_op(op, [rand(4, 6) * 3], attrs, opset=14)
 
@@ -127,7 +151,9 @@ def test_clip(opset):
         check_op("Clip", [x], opset=opset)
 
 
-@pytest.mark.parametrize("to,dtype", [(1, "float32"), (7, "int64"), (6, "int32"), (9, "bool"), (10, "float16")])
+@pytest.mark.parametrize(
+    "to,dtype", [(1, "float32"), (7, "int64"), (6, "int32"), (9, "bool"), (10, "float16")]
+)
 def test_cast(to, dtype):
     check_op("Cast", [rand(3, 4) * 10], {"to": to}, out_dtypes=[dtype], opset=13)
 
@@ -139,7 +165,9 @@ def test_cast_like():
 @pytest.mark.parametrize("shapes", [((3, 4), (3, 4), (3, 4)), ((4,), (3, 1), ()), ((1, 4), (3, 4), (1,))])
 def test_where(shapes):
     c = rand(*shapes[0], dtype="bool")
-    check_op("Where", [c, rand(*shapes[1], seed=1), rand(*shapes[2], seed=2)], opset=16, out_dtypes=["float32"])
+    check_op(
+        "Where", [c, rand(*shapes[1], seed=1), rand(*shapes[2], seed=2)], opset=16, out_dtypes=["float32"]
+    )
 
 
 @pytest.mark.parametrize("op", ["Max", "Min", "Sum", "Mean"])

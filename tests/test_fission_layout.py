@@ -14,10 +14,16 @@ def i64(*values):
     return Const(np.array(values, dtype="int64"))
 
 
-@pytest.mark.parametrize("shape,target", [
-    ((2, 3, 4), (6, 4)), ((2, 3, 4), (-1,)), ((2, 3, 4), (0, -1)), ((2, 3, 4), (4, 0, 2)),
-    ((6,), (1, 2, 1, 3)),
-])
+@pytest.mark.parametrize(
+    "shape,target",
+    [
+        ((2, 3, 4), (6, 4)),
+        ((2, 3, 4), (-1,)),
+        ((2, 3, 4), (0, -1)),
+        ((2, 3, 4), (4, 0, 2)),
+        ((6,), (1, 2, 1, 3)),
+    ],
+)
 def test_reshape(shape, target):
     check_op("Reshape", [rand(*shape), i64(*target)], opset=13)
 
@@ -58,7 +64,9 @@ def test_transpose(perm):
     check_op("Transpose", [rand(2, 3, 4)], {} if perm is None else {"perm": perm})
 
 
-@pytest.mark.parametrize("shape,target", [((3, 1), (2, 3, 4)), ((1,), (5,)), ((2, 3), (1, 1)), ((4,), (3, 1, 4))])
+@pytest.mark.parametrize(
+    "shape,target", [((3, 1), (2, 3, 4)), ((1,), (5,)), ((2, 3), (1, 1)), ((4,), (3, 1, 4))]
+)
 def test_expand(shape, target):
     check_op("Expand", [rand(*shape), i64(*target)], opset=13)
 
@@ -69,8 +77,13 @@ def test_tile(reps):
 
 
 SLICES = [
-    ([1], [3], [0], [1]), ([0], [-1], [1], [1]), ([-3], [100], [2], [1]), ([3], [0], [0], [-1]),
-    ([-1], [-100], [1], [-2]), ([0, 1], [5, 4], [0, 2], [2, 2]), ([2], [2], [0], [1]),
+    ([1], [3], [0], [1]),
+    ([0], [-1], [1], [1]),
+    ([-3], [100], [2], [1]),
+    ([3], [0], [0], [-1]),
+    ([-1], [-100], [1], [-2]),
+    ([0, 1], [5, 4], [0, 2], [2, 2]),
+    ([2], [2], [0], [1]),
     ([0], [2**62], [-1], [3]),
 ]
 
@@ -120,9 +133,15 @@ def test_concat_with_constant_and_empty():
     check_op("Concat", [rand(2, 3), Const(rand(2, 0)), Const(rand(2, 2, seed=3))], {"axis": 1})
 
 
-@pytest.mark.parametrize("axis,indices", [
-    (0, np.array([2, 0, 1])), (1, np.array([[0, 1], [2, 2]])), (-1, np.array(1)), (0, np.array([-1, 0])),
-])
+@pytest.mark.parametrize(
+    "axis,indices",
+    [
+        (0, np.array([2, 0, 1])),
+        (1, np.array([[0, 1], [2, 2]])),
+        (-1, np.array(1)),
+        (0, np.array([-1, 0])),
+    ],
+)
 def test_gather(axis, indices):
     check_op("Gather", [rand(3, 4, 3), Const(indices.astype("int64"))], {"axis": axis}, opset=13)
 
@@ -177,8 +196,12 @@ def _shape_model(opset=15):
         helper.make_node("Concat", ["batch1", "flat"], ["newshape"], axis=0),
         helper.make_node("Reshape", ["x", "newshape"], ["y"]),
         helper.make_node("Shape", ["y"], ["ys"], start=-1),
-        helper.make_node("ConstantOfShape", ["ys"], ["ones"],
-                         value=helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [1.0])),
+        helper.make_node(
+            "ConstantOfShape",
+            ["ys"],
+            ["ones"],
+            value=helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [1.0]),
+        ),
         helper.make_node("Add", ["y", "ones"], ["z"]),
         helper.make_node("Size", ["x"], ["n"]),
         helper.make_node("Cast", ["n"], ["nf"], to=onnx.TensorProto.FLOAT),
@@ -195,8 +218,13 @@ def _shape_model(opset=15):
         onnx.numpy_helper.from_array(np.array(0.0, "float32"), "r0"),
         onnx.numpy_helper.from_array(np.array(1.0, "float32"), "r1"),
     ]
-    graph = helper.make_graph(nodes, "shapes", [helper.make_tensor_value_info("x", 1, [2, 3, 4])],
-                              [helper.make_tensor_value_info("out", 1, None)], inits)
+    graph = helper.make_graph(
+        nodes,
+        "shapes",
+        [helper.make_tensor_value_info("x", 1, [2, 3, 4])],
+        [helper.make_tensor_value_info("out", 1, None)],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
@@ -217,13 +245,19 @@ def test_constant_node_variants():
         helper.make_node("Add", ["t1", "b"], ["t2"]),
         helper.make_node("Sub", ["t2", "c"], ["out"]),
     ]
-    graph = helper.make_graph(nodes, "c", [helper.make_tensor_value_info("x", 1, [2, 3])],
-                              [helper.make_tensor_value_info("out", 1, None)])
+    graph = helper.make_graph(
+        nodes,
+        "c",
+        [helper.make_tensor_value_info("x", 1, [2, 3])],
+        [helper.make_tensor_value_info("out", 1, None)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     check_model(model, {"x": rand(2, 3)})
 
 
 def test_dynamic_reshape_target_is_refused():
-    model, _ = __import__("helpers").one_node_model("Reshape", [rand(2, 3), np.array([3, 2], "int64")], opset=13)
+    model, _ = __import__("helpers").one_node_model(
+        "Reshape", [rand(2, 3), np.array([3, 2], "int64")], opset=13
+    )
     with pytest.raises(korch.KorchError, match="known at compile time"):
         korch.fission(model)

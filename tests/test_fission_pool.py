@@ -35,20 +35,23 @@ def test_average_pool(attrs, count_include_pad):
     check_op("AveragePool", [rand(1, 3, 9, 10)], {**attrs, "count_include_pad": count_include_pad}, opset=19)
 
 
-@pytest.mark.parametrize("mode,ctm,nearest", [
-    ("nearest", "asymmetric", "floor"),
-    ("nearest", "half_pixel", "round_prefer_floor"),
-    ("nearest", "half_pixel", "round_prefer_ceil"),
-    ("nearest", "align_corners", "round_prefer_floor"),
-    ("nearest", "asymmetric", "ceil"),
-    ("nearest", "pytorch_half_pixel", "floor"),
-    ("linear", "half_pixel", None),
-    ("linear", "asymmetric", None),
-    ("linear", "align_corners", None),
-    ("linear", "pytorch_half_pixel", None),
-    ("linear", "half_pixel_symmetric", None),
-    ("nearest", "tf_half_pixel_for_nn", "floor"),
-])
+@pytest.mark.parametrize(
+    "mode,ctm,nearest",
+    [
+        ("nearest", "asymmetric", "floor"),
+        ("nearest", "half_pixel", "round_prefer_floor"),
+        ("nearest", "half_pixel", "round_prefer_ceil"),
+        ("nearest", "align_corners", "round_prefer_floor"),
+        ("nearest", "asymmetric", "ceil"),
+        ("nearest", "pytorch_half_pixel", "floor"),
+        ("linear", "half_pixel", None),
+        ("linear", "asymmetric", None),
+        ("linear", "align_corners", None),
+        ("linear", "pytorch_half_pixel", None),
+        ("linear", "half_pixel_symmetric", None),
+        ("nearest", "tf_half_pixel_for_nn", "floor"),
+    ],
+)
 @pytest.mark.parametrize("scales", [(1, 1, 2, 2), (1, 1, 0.5, 0.5), (1, 1, 1.5, 3), (1, 1, 0.6, 1.7)])
 def test_resize_scales(mode, ctm, nearest, scales):
     attrs = {"mode": mode, "coordinate_transformation_mode": ctm}
@@ -61,31 +64,49 @@ def test_resize_scales(mode, ctm, nearest, scales):
 @pytest.mark.parametrize("sizes", [(1, 2, 10, 12), (1, 2, 3, 4), (1, 2, 7, 1)])
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_resize_sizes(sizes, mode):
-    check_op("Resize", [rand(1, 2, 5, 6), None, None, Const(np.array(sizes, "int64"))], {"mode": mode}, opset=13)
+    check_op(
+        "Resize", [rand(1, 2, 5, 6), None, None, Const(np.array(sizes, "int64"))], {"mode": mode}, opset=13
+    )
 
 
 def test_resize_axes_opset18():
-    check_op("Resize", [rand(1, 2, 5, 6), None, Const(np.array([2.0, 3.0], "float32"))],
-             {"mode": "linear", "axes": [2, 3]}, opset=18)
+    check_op(
+        "Resize",
+        [rand(1, 2, 5, 6), None, Const(np.array([2.0, 3.0], "float32"))],
+        {"mode": "linear", "axes": [2, 3]},
+        opset=18,
+    )
 
 
 def test_resize_opset10_and_11():
-    check_op("Resize", [rand(1, 2, 4, 4), Const(np.array([1, 1, 2, 2], "float32"))], {"mode": "nearest"}, opset=10)
+    check_op(
+        "Resize", [rand(1, 2, 4, 4), Const(np.array([1, 1, 2, 2], "float32"))], {"mode": "nearest"}, opset=10
+    )
     roi = Const(np.array([], "float32"))
-    check_op("Resize", [rand(1, 2, 4, 4), roi, Const(np.array([1, 1, 2, 2], "float32"))], {"mode": "linear"},
-             opset=11)
+    check_op(
+        "Resize",
+        [rand(1, 2, 4, 4), roi, Const(np.array([1, 1, 2, 2], "float32"))],
+        {"mode": "linear"},
+        opset=11,
+    )
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_upsample(mode):
-    check_op("Upsample", [rand(1, 2, 3, 4), Const(np.array([1, 1, 2, 3], "float32"))], {"mode": mode}, opset=9)
+    check_op(
+        "Upsample", [rand(1, 2, 3, 4), Const(np.array([1, 1, 2, 3], "float32"))], {"mode": mode}, opset=9
+    )
     check_op("Upsample", [rand(1, 2, 3, 4)], {"mode": mode, "scales": [1.0, 1.0, 2.0, 2.0]}, opset=7)
 
 
 def test_resize_cubic_stays_opaque_and_correct():
     from helpers import check_model, one_node_model
 
-    model, feeds = one_node_model("Resize", [rand(1, 1, 4, 4), None, Const(np.array([1, 1, 2, 2], "float32"))],
-                                  {"mode": "cubic"}, opset=13)
+    model, feeds = one_node_model(
+        "Resize",
+        [rand(1, 1, 4, 4), None, Const(np.array([1, 1, 2, 2], "float32"))],
+        {"mode": "cubic"},
+        opset=13,
+    )
     result = check_model(model, feeds, allow_opaque=True)
     assert result.opaque_ops == ["Resize"]

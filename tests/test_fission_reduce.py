@@ -4,8 +4,17 @@ import numpy as np
 import pytest
 from helpers import Const, check_op, rand
 
-REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
-              "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"]
+REDUCE_OPS = [
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSumExp",
+]
 AXES = [[1], [-1], [0, 2], [], None]
 
 
@@ -80,8 +89,13 @@ def test_layer_norm(axis, with_bias):
 
 def test_layer_norm_extra_outputs():
     x = rand(2, 3, 8)
-    check_op("LayerNormalization", [x, Const(rand(8, seed=1)), Const(rand(8, seed=2))], {"axis": -1},
-             opset=17, n_outputs=3)
+    check_op(
+        "LayerNormalization",
+        [x, Const(rand(8, seed=1)), Const(rand(8, seed=2))],
+        {"axis": -1},
+        opset=17,
+        n_outputs=3,
+    )
 
 
 def test_layer_norm_runtime_scale():
@@ -91,23 +105,35 @@ def test_layer_norm_runtime_scale():
 @pytest.mark.parametrize("shape", [(2, 3, 5), (1, 4, 6, 6), (2, 2, 3, 3, 3)])
 def test_instance_norm(shape):
     c = shape[1]
-    check_op("InstanceNormalization", [rand(*shape) * 2 + 1, Const(rand(c, seed=1)), Const(rand(c, seed=2))],
-             {"epsilon": 1e-3}, opset=6)
+    check_op(
+        "InstanceNormalization",
+        [rand(*shape) * 2 + 1, Const(rand(c, seed=1)), Const(rand(c, seed=2))],
+        {"epsilon": 1e-3},
+        opset=6,
+    )
 
 
 @pytest.mark.parametrize("groups", [1, 2, 4])
 def test_group_norm_opset21(groups):
     x = rand(2, 4, 3, 3) * 2
-    check_op("GroupNormalization", [x, Const(rand(4, seed=1)), Const(rand(4, seed=2))],
-             {"num_groups": groups, "epsilon": 1e-5}, opset=21)
+    check_op(
+        "GroupNormalization",
+        [x, Const(rand(4, seed=1)), Const(rand(4, seed=2))],
+        {"num_groups": groups, "epsilon": 1e-5},
+        opset=21,
+    )
 
 
 @pytest.mark.parametrize("shape", [(2, 3), (2, 3, 5), (1, 3, 4, 4)])
 @pytest.mark.parametrize("opset", [9, 14, 15])
 def test_batch_norm(shape, opset):
     c = shape[1]
-    params = [Const(rand(c, seed=1)), Const(rand(c, seed=2)), Const(rand(c, seed=3)),
-              Const(rand(c, seed=4, low=0.5, high=2.0))]
+    params = [
+        Const(rand(c, seed=1)),
+        Const(rand(c, seed=2)),
+        Const(rand(c, seed=3)),
+        Const(rand(c, seed=4, low=0.5, high=2.0)),
+    ]
     check_op("BatchNormalization", [rand(*shape), *params], {"epsilon": 1e-3}, opset=opset)
 
 
@@ -120,5 +146,27 @@ def test_global_pools(op, shape):
 @pytest.mark.parametrize("groups", [1, 2])
 def test_group_norm_opset18_per_group_scale(groups):
     x = rand(2, 4, 3, 3) * 2
-    check_op("GroupNormalization", [x, Const(rand(groups, seed=1)), Const(rand(groups, seed=2))],
-             {"num_groups": groups, "epsilon": 1e-5}, opset=18)
+    check_op(
+        "GroupNormalization",
+        [x, Const(rand(groups, seed=1)), Const(rand(groups, seed=2))],
+        {"num_groups": groups, "epsilon": 1e-5},
+        opset=18,
+    )
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_cumsum(axis, exclusive, reverse):
+    check_op(
+        "CumSum",
+        [rand(3, 4, 5), Const(np.array(axis, "int64"))],
+        {"exclusive": exclusive, "reverse": reverse},
+        opset=14,
+    )
+    check_op(
+        "CumSum",
+        [rand(3, 4, 5, dtype="int64"), Const(np.array(axis, "int64"))],
+        {"reverse": reverse},
+        opset=14,
+    )

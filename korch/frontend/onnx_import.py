@@ -77,7 +77,11 @@ def skeleton(model: onnx.ModelProto, keep: int = 4096) -> onnx.ModelProto:
         if math.prod(t.dims) > keep and t.name not in declared
     ]
     slim = helper.make_graph(
-        list(graph.node), graph.name, list(graph.input) + large, list(graph.output), small,
+        list(graph.node),
+        graph.name,
+        list(graph.input) + large,
+        list(graph.output),
+        small,
         value_info=list(graph.value_info),
     )
     out = helper.make_model(slim, opset_imports=list(model.opset_import), ir_version=model.ir_version)

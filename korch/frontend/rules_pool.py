@@ -80,7 +80,11 @@ def average_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 
 COORDINATE_MODES = (
-    "half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric",
+    "half_pixel",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "half_pixel_symmetric",
     "tf_half_pixel_for_nn",
 )
 

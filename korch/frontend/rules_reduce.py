@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
 from korch.prims import Prim
 
@@ -217,3 +219,20 @@ def global_average_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
 def global_max_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
     x = n.inputs[0]
     return [ctx.reduce(Prim.REDUCE_MAX, x, range(2, ctx.rank(x)))]
+
+
+@fission("CumSum", 11)
+def cumsum(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """A prefix sum along one axis as a matmul with a triangular 0/1 matrix (a linear primitive)."""
+    x = n.inputs[0]
+    rank = ctx.rank(x)
+    (axis,) = normalize_axes(ctx.ints(n.inputs[1], "CumSum axis"), rank)
+    length = ctx.shape(x)[axis]
+    i, j = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")
+    keep = (i >= j) if n.attr("reverse", 0) else (i <= j)  # row i (source) feeds column j (target)
+    if n.attr("exclusive", 0):
+        keep &= i != j
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    moved = ctx.transpose(x, perm)
+    y = ctx.emit(Prim.MATMUL, moved, ctx.const(keep.astype(ctx.dtype(x))))
+    return [ctx.transpose(y, np.argsort(perm))]

@@ -152,7 +152,9 @@ class _SegBlock(nn.Module):
 class Segformer(nn.Module):
     """MiT-b0 encoder and the all-MLP decode head (150 classes, ADE20K-style)."""
 
-    def __init__(self, dims=(32, 64, 160, 256), heads=(1, 2, 5, 8), srs=(8, 4, 2, 1), classes=150):
+    def __init__(
+        self, dims=(32, 64, 160, 256), heads=(1, 2, 5, 8), srs=(8, 4, 2, 1), classes=150, decoder=256
+    ):
         super().__init__()
         self.embeds = nn.ModuleList()
         self.blocks = nn.ModuleList()
@@ -164,9 +166,11 @@ class Segformer(nn.Module):
             self.blocks.append(nn.ModuleList(_SegBlock(d, h, sr) for _ in range(2)))
             self.norms.append(nn.LayerNorm(d))
             cin = d
-        self.mlps = nn.ModuleList(nn.Linear(d, 256) for d in dims)
-        self.fuse = nn.Sequential(nn.Conv2d(4 * 256, 256, 1, bias=False), nn.BatchNorm2d(256), nn.ReLU())
-        self.classify = nn.Conv2d(256, classes, 1)
+        self.mlps = nn.ModuleList(nn.Linear(d, decoder) for d in dims)
+        self.fuse = nn.Sequential(
+            nn.Conv2d(4 * decoder, decoder, 1, bias=False), nn.BatchNorm2d(decoder), nn.ReLU()
+        )
+        self.classify = nn.Conv2d(decoder, classes, 1)
 
     def forward(self, x):
         feats = []

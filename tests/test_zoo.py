@@ -1,0 +1,26 @@
+"""Every zoo model fissions into primitives only and matches ONNX Runtime within 1e-4."""
+
+import pytest
+
+import korch
+from korch import zoo
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name", list(zoo.MODELS))
+def test_zoo_model_fission_matches_onnxruntime(name, zoo_dir):
+    path = zoo.build(name, zoo_dir)
+    result = korch.fission(path)
+    assert result.opaque_ops == []
+    kinds = result.graph.by_kind()
+    assert kinds["linear"] > 0 and kinds["elementwise"] > 0
+    err = korch.check_fission(result, seed=0)
+    assert err <= 1e-4, f"{name}: max relative error {err:.3g}"
+
+
+def test_build_is_cached(zoo_dir):
+    first = zoo.build("candy", zoo_dir)
+    mtime = first.stat().st_mtime_ns
+    assert zoo.build("candy", zoo_dir) == first
+    assert first.stat().st_mtime_ns == mtime
