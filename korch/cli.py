@@ -55,6 +55,8 @@ def cmd_fission(args) -> int:
     result = korch.fission(args.model, shapes=dict(args.shape or []), strict=args.strict)
     seconds = time.perf_counter() - start
     graph = result.graph
+    for warning in result.warnings:
+        _log(args, f"warning: {warning}")
     _log(args, f"fission: {result.onnx_nodes} ONNX nodes -> {len(graph.nodes)} primitives in {seconds:.2f}s")
     written = save_graph(graph, args.output) if args.output else []
     err = None
@@ -86,6 +88,25 @@ def cmd_fission(args) -> int:
     return 0
 
 
+def cmd_candidates(args) -> int:
+    import korch
+    from korch.candidates import CandidateOptions, enumerate_candidates
+
+    if args.max_size < 1:
+        raise KorchError("--max-size must be at least 1")
+    result = korch.fission(args.model, shapes=dict(args.shape or []), strict=args.strict)
+    found = enumerate_candidates(result.graph, CandidateOptions(max_size=args.max_size))
+    payload = found.summary()
+    pruned = ", ".join(f"{k} {v}" for k, v in payload["pruned"].items()) or "none"
+    human = (
+        f"{args.model}: {payload['primitives']} primitives in {payload['partitions']} partitions -> "
+        f"{payload['candidates']} candidates ({payload['unique_candidates']} unique) "
+        f"in {payload['seconds']:.2f}s\npruned: {pruned}"
+    )
+    _emit(args, payload, human)
+    return 0
+
+
 def cmd_zoo(args) -> int:
     from korch import zoo
 
@@ -107,15 +128,8 @@ def cmd_zoo(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="korch", description="Optimal kernel orchestration for tensor programs.")
-    parser.add_argument("--verbose", action="store_true", help="print tracebacks for unexpected errors")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    p = sub.add_parser("fission", help="split every operator of an ONNX model into primitives")
+def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX file")
-    p.add_argument("-o", "--output", help="write the primitive graph as JSON (large constants in .npz)")
-    p.add_argument("--check", action="store_true", help="compare with ONNX Runtime on random inputs")
     p.add_argument(
         "--shape",
         action="append",
@@ -124,19 +138,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="pin an input's shape (repeatable)",
     )
     p.add_argument("--strict", action="store_true", help="fail instead of keeping operators opaque")
-    p.add_argument("--seed", type=int, default=0, help="seed for --check inputs")
-    p.add_argument("--text", action="store_true", help="also print the primitive graph's text form")
+    _output_args(p)
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="korch", description="Optimal kernel orchestration for tensor programs.")
+    parser.add_argument("--verbose", action="store_true", help="print tracebacks for unexpected errors")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("fission", help="split every operator of an ONNX model into primitives")
+    _model_args(p)
+    p.add_argument("-o", "--output", help="write the primitive graph as JSON (large constants in .npz)")
+    p.add_argument("--check", action="store_true", help="compare with ONNX Runtime on random inputs")
+    p.add_argument("--seed", type=int, default=0, help="seed for --check inputs")
+    p.add_argument("--text", action="store_true", help="also print the primitive graph's text form")
     p.set_defaults(func=cmd_fission)
+
+    p = sub.add_parser("candidates", help="enumerate candidate kernels (no profiling)")
+    _model_args(p)
+    p.add_argument("--max-size", type=int, default=12, help="primitives per candidate, broadcasts free")
+    p.set_defaults(func=cmd_candidates)
 
     p = sub.add_parser("zoo", help="build the bundled model zoo as ONNX files (random weights)")
     p.add_argument("names", nargs="*", help="models to build (default: all)")
     p.add_argument("--dir", help="cache directory (default $KORCH_ZOO or ~/.cache/korch/zoo)")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
     p.add_argument("--list", action="store_true", help="list the models")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _output_args(p)
     p.set_defaults(func=cmd_zoo)
     return parser
 

@@ -202,6 +202,8 @@ def _div(a, b):
 
 
 def _pow(a, b):
+    if a.dtype.kind in "iu":  # numpy refuses negative integer powers
+        return np.trunc(np.power(a.astype("float64"), b.astype("float64"))).astype(a.dtype)
     return np.power(a, b).astype(a.dtype, copy=False)
 
 
@@ -339,8 +341,18 @@ def _reduce_def(prim: Prim, fn: Callable) -> None:
 
 _reduce_def(Prim.REDUCE_SUM, lambda x, **kw: np.sum(x, dtype=x.dtype, **kw))
 _reduce_def(Prim.REDUCE_PROD, lambda x, **kw: np.prod(x, dtype=x.dtype, **kw))
-_reduce_def(Prim.REDUCE_MAX, np.max)
-_reduce_def(Prim.REDUCE_MIN, np.min)
+
+
+def _extreme(dtype, lowest: bool):
+    if np.dtype(dtype).kind == "f":
+        return -np.inf if lowest else np.inf
+    info = np.iinfo(dtype)
+    return info.min if lowest else info.max
+
+
+# the initial value makes reductions over empty axes well defined (-inf for max, as in ONNX Runtime)
+_reduce_def(Prim.REDUCE_MAX, lambda x, **kw: np.max(x, initial=_extreme(x.dtype, True), **kw))
+_reduce_def(Prim.REDUCE_MIN, lambda x, **kw: np.min(x, initial=_extreme(x.dtype, False), **kw))
 
 
 def _arg_infer(types, attrs):

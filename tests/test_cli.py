@@ -219,3 +219,16 @@ def test_int_input_check_stays_in_gather_range(tmp_path):
     onnx.save(model, path)
     code, out, err = run_cli("fission", path, "--check", "--json")
     assert code == 0, err
+
+
+def test_candidates_json(small_model):
+    code, out, err = run_cli("candidates", small_model, "--json", "--max-size", "4")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert set(doc) == {"primitives", "partitions", "candidates", "unique_candidates", "pruned", "seconds"}
+    # conv, broadcast(bias), add: {conv}, {bcast}, {add}, {bcast,add}, {conv,add}, {conv,bcast,add}
+    assert doc["primitives"] == 3 and doc["partitions"] == 1 and doc["candidates"] == 6
+
+
+def test_candidates_bad_max_size(small_model):
+    assert_one_line_error(*run_cli("candidates", small_model, "--max-size", "0"), match="--max-size")

@@ -110,3 +110,25 @@ def test_resize_cubic_stays_opaque_and_correct():
     )
     result = check_model(model, feeds, allow_opaque=True)
     assert result.opaque_ops == ["Resize"]
+
+
+@pytest.mark.parametrize("scale", [1.1376531, 1.2857975, 0.95])
+def test_nearest_resize_axis_keeping_its_size_is_copied(scale):
+    n = 7 if scale > 1 else 20
+    check_op(
+        "Resize", [rand(1, 2, 3, n), None, Const(np.array([1, 1, 1, scale], "float32"))], {"mode": "nearest"}
+    )
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_resize_random_scales(seed):
+    rng = np.random.default_rng(seed)
+    scales = np.array([1, 1, *rng.integers(1, 13, 2) / 4], "float32")  # exact in binary: no near-ties
+    mode = ["nearest", "linear"][seed % 2]
+    ctm = ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"][seed % 4]
+    check_op(
+        "Resize",
+        [rand(1, 1, 5, 7), None, Const(scales)],
+        {"mode": mode, "coordinate_transformation_mode": ctm},
+        opset=13,
+    )

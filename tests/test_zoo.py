@@ -24,3 +24,19 @@ def test_build_is_cached(zoo_dir):
     mtime = first.stat().st_mtime_ns
     assert zoo.build("candy", zoo_dir) == first
     assert first.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("name", ["bert-base", "yolov4"])
+def test_zoo_candidates(name, zoo_dir):
+    import random
+
+    from korch.candidates import enumerate_candidates, is_convex
+
+    graph = korch.fission(zoo.build(name, zoo_dir)).graph
+    found = enumerate_candidates(graph)
+    covered = {i for c in found.candidates for i in c.nodes}
+    assert covered == set(range(len(graph.nodes)))
+    for c in random.Random(0).sample(found.candidates, 150):
+        assert is_convex(graph, c.nodes)
+    if name == "bert-base":  # twelve identical layers: about a twelfth of the candidates are unique
+        assert len(found.candidates) / found.unique_keys > 8

@@ -29,6 +29,7 @@ class FissionResult:
     model: onnx.ModelProto  # the model with input shapes pinned, for checking against ONNX Runtime
     onnx_nodes: int
     opaque: list[tuple[str, str]] = field(default_factory=list)  # (op type, reason)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def opaque_ops(self) -> list[str]:
@@ -190,6 +191,7 @@ def import_onnx(
             raise KorchError(f"initializer {init.name!r}: {_first_line(e)}") from None
     ctx = Lowering(b)
     opaque: list[tuple[str, str]] = []
+    warnings: list[str] = []
     for node in model.graph.node:
         where = f"node {node.name or '?'!r} ({node.op_type}, opset {opsets.get(node.domain, opset)})"
         b.origin = f"{node.op_type}:{node.name}"
@@ -201,7 +203,7 @@ def import_onnx(
             raise KorchError(f"{where}: {e}") from None
         for name, value in zip(node.output, outs):
             if name:
-                _check_type(where, name, b.types[value], expected)
+                _check_type(where, name, b.types[value], expected, warnings)
                 env[name] = value
     missing = [o.name for o in model.graph.output if o.name not in env]
     if missing:
@@ -212,13 +214,15 @@ def import_onnx(
         name=model.graph.name or "main",
     )
     verify(graph)
-    return FissionResult(graph, model, len(model.graph.node), opaque)
+    return FissionResult(graph, model, len(model.graph.node), opaque, warnings)
 
 
-def _check_type(where: str, name: str, got: TensorType, expected: Mapping[str, TensorType]) -> None:
+def _check_type(where, name, got: TensorType, expected: Mapping[str, TensorType], warnings: list) -> None:
+    """ONNX shape inference is a cross-check, not the oracle (it disagrees with ONNX Runtime on
+    some ceil-mode pools and float32 resize sizes), so a mismatch is reported, not fatal."""
     want = expected.get(name)
     if want is not None and want != got:
-        raise KorchError(f"{where}: output {name!r} lowered to {got}, ONNX shape inference says {want}")
+        warnings.append(f"{where}: output {name!r} lowered to {got}, ONNX shape inference says {want}")
 
 
 def _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model) -> list[str]:
@@ -276,7 +280,6 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
     in_infos = [
         helper.make_tensor_value_info(n, to_onnx_dtype(ctx.dtype(v)), ctx.shape(v)) for n, v in present
     ]
-    out_types = [expected.get(o) for o in node.output]
     out_infos = [onnx.ValueInfoProto(name=o) for o in node.output if o]
     one = helper.make_model(
         helper.make_graph([node], "opaque", in_infos, out_infos),
@@ -284,16 +287,26 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
         ir_version=model.ir_version,
     )
     blob = one.SerializeToString()
-    feeds = {
-        n: (ctx.const_value(v) if ctx.const_value(v) is not None else _zeros(ctx.type(v))) for n, v in present
-    }
     try:
-        results = Prim.OPAQUE.ref(list(feeds.values()), {"model": blob})
+        from korch.prims import _opaque_session
+
+        _opaque_session(blob)
     except Exception as e:
         raise KorchError(f"ONNX Runtime cannot run this operator either: {_first_line(e)}") from None
-    if all(ctx.const_value(v) is not None for _, v in present) and present:
-        return [ctx.const(r) for r in results]  # constant inputs: computed once, here
-    out_types = [t or TensorType.of(np.asarray(r)) for t, r in zip(out_types, results)]
+    constant = bool(present) and all(ctx.const_value(v) is not None for _, v in present)
+    out_types = [expected.get(o) for o in node.output]
+    if constant or None in out_types:
+        # run it once: constant inputs fold here; otherwise the run tells the output types
+        feeds = [
+            ctx.const_value(v) if ctx.const_value(v) is not None else _ones(ctx.type(v)) for _, v in present
+        ]
+        try:
+            results = Prim.OPAQUE.ref(feeds, {"model": blob})
+        except Exception as e:
+            raise KorchError(f"cannot determine the output types: {_first_line(e)}") from None
+        if constant:
+            return [ctx.const(r) for r in results]
+        out_types = [t or TensorType.of(np.asarray(r)) for t, r in zip(out_types, results)]
     return ctx.emit_multi(
         Prim.OPAQUE,
         [v for _, v in present],
@@ -305,7 +318,8 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
     )
 
 
-def _zeros(t: TensorType) -> np.ndarray:
+def _ones(t: TensorType) -> np.ndarray:
+    """Probe input: ones, since zeros trap integer division and modulo."""
     if math.prod(t.shape) > 2**26:
         raise KorchError(f"opaque operator input {t} is too large to probe")
-    return np.zeros(t.shape, dtype=t.dtype)
+    return np.ones(t.shape, dtype=t.dtype)

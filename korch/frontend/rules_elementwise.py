@@ -62,14 +62,18 @@ for _op, _prim in _UNARY.items():
     fission(_op, 1)(_unary_rule(_prim))
 
 
-@fission("LessOrEqual", 12)
-def less_or_equal(ctx: Lowering, n: OnnxNode) -> list[str]:
-    return [ctx.unary(Prim.NOT, ctx.elementwise(Prim.GT, n.inputs[0], n.inputs[1]))]
+def _or_equal(strict: Prim):
+    """a <= b as (a < b) or (a == b): NOT(a > b) would be true for NaN."""
+
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        a, b = n.inputs[0], n.inputs[1]
+        return [ctx.elementwise(Prim.OR, ctx.elementwise(strict, a, b), ctx.elementwise(Prim.EQ, a, b))]
+
+    return rule
 
 
-@fission("GreaterOrEqual", 12)
-def greater_or_equal(ctx: Lowering, n: OnnxNode) -> list[str]:
-    return [ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, n.inputs[0], n.inputs[1]))]
+fission("LessOrEqual", 12)(_or_equal(Prim.LT))
+fission("GreaterOrEqual", 12)(_or_equal(Prim.GT))
 
 
 @fission("Pow", 1)
@@ -85,7 +89,11 @@ def pow_(ctx: Lowering, n: OnnxNode) -> list[str]:
             return [ctx.elementwise(Prim.MUL, x, x)]
         if e == 0.5:
             return [ctx.unary(Prim.SQRT, x)]
-    return [ctx.elementwise(Prim.POW, x, ctx.cast(y, ctx.dtype(x)))]
+    if ctx.dtype(x) in FLOAT_DTYPES:
+        return [ctx.elementwise(Prim.POW, x, ctx.cast(y, ctx.dtype(x)))]
+    # integer base: the power is taken in float64 and truncated, like ONNX Runtime
+    wide = ctx.elementwise(Prim.POW, ctx.cast(x, "float64"), ctx.cast(y, "float64"))
+    return [ctx.cast(wide, ctx.dtype(x))]
 
 
 @fission("Cast", 1)
@@ -110,8 +118,10 @@ def dropout(ctx: Lowering, n: OnnxNode) -> list[str]:
         ctx.unsupported("Dropout in training mode is random")
     x = n.inputs[0]
     outs = [x]
-    if n.n_outputs > 1:
-        outs.append(ctx.const(np.ones(ctx.shape(x), dtype=bool)))
+    if n.n_outputs > 1 and n.opset >= 10:
+        outs.append(ctx.broadcast_to(ctx.scalar(True, "bool"), ctx.shape(x)))
+    elif n.n_outputs > 1:  # before opset 10 the mask has x's type, and ONNX Runtime fills it with 0
+        outs.append(ctx.broadcast_to(ctx.scalar(0, ctx.dtype(x)), ctx.shape(x)))
     return outs
 
 
@@ -277,3 +287,26 @@ def clip(ctx: Lowering, n: OnnxNode) -> list[str]:
     if hi is not None:
         x = ctx.elementwise(Prim.MIN, x, hi)
     return [x]
+
+
+@fission("Mod", 10)
+def mod(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """C's fmod as a - b * trunc(a / b); with fmod=0 (integers) the result takes the divisor's sign."""
+    a, b = n.inputs[0], n.inputs[1]
+    dtype = ctx.dtype(a)
+    if dtype in FLOAT_DTYPES:
+        q = ctx.elementwise(Prim.DIV, a, b)
+        negative = ctx.elementwise(Prim.LT, q, _s(ctx, q, 0))
+        trunc = ctx.elementwise(Prim.WHERE, negative, ctx.unary(Prim.CEIL, q), ctx.unary(Prim.FLOOR, q))
+    else:
+        trunc = ctx.elementwise(Prim.DIV, a, b)  # integer division truncates toward zero
+    rem = ctx.elementwise(Prim.SUB, a, ctx.elementwise(Prim.MUL, b, trunc))
+    if n.attr("fmod", 0) or dtype in FLOAT_DTYPES:
+        return [rem]
+    zero = _s(ctx, rem, 0)
+    nonzero = ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, rem, zero))
+    signs_differ = ctx.elementwise(
+        Prim.XOR, ctx.elementwise(Prim.LT, rem, zero), ctx.elementwise(Prim.LT, b, zero)
+    )
+    fix = ctx.elementwise(Prim.AND, nonzero, signs_differ)
+    return [ctx.elementwise(Prim.WHERE, fix, ctx.elementwise(Prim.ADD, rem, b), rem)]

@@ -263,7 +263,7 @@ def pad(ctx: Lowering, n: OnnxNode) -> list[str]:
         cv = ctx.const_value(n.input(2))
         if n.input(2) is not None and cv is None:
             raise KorchError("Pad constant_value must be known at compile time")
-        value = float(cv.reshape(-1)[0]) if cv is not None and cv.size else 0.0
+        value = cv.reshape(-1)[0].item() if cv is not None and cv.size else 0.0
         axes = ctx.ints(n.input(3), "Pad axes")
     if axes is not None:
         axes = [a + rank if a < 0 else a for a in axes]

@@ -136,14 +136,15 @@ def conv_transpose(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 
 def _parse_einsum(equation: str, ranks: list[int]) -> tuple[list[str], str]:
-    """Terms with '...' expanded into upper-case letters; the output term made explicit."""
+    """Terms with '...' expanded into letters the equation does not use; the output made explicit."""
     equation = equation.replace(" ", "")
     lhs, _, rhs = equation.partition("->")
     terms = lhs.split(",")
     if len(terms) != len(ranks):
         raise KorchError(f"Einsum {equation!r} names {len(terms)} operands, got {len(ranks)}")
     ell = max((r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t), default=0)
-    ell_letters = "ABCDEFGHIJKLMNOP"[:ell]
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in equation]
+    ell_letters = "".join(free[:ell])
     expanded = []
     for t, r in zip(terms, ranks):
         if "..." in t:
@@ -155,7 +156,8 @@ def _parse_einsum(equation: str, ranks: list[int]) -> tuple[list[str], str]:
         out = rhs.replace("...", ell_letters)
     else:
         letters = "".join(expanded)
-        out = ell_letters + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c.islower()))
+        once = [c for c in set(letters) if letters.count(c) == 1 and c not in ell_letters]
+        out = ell_letters + "".join(sorted(once))
     return expanded, out
 
 
@@ -178,8 +180,9 @@ def _contract(ctx: Lowering, a: str, ta: str, b: str, tb: str, out: str) -> tupl
         size[c] = max(size.get(c, 1), d)
     a = ctx.transpose(a, [ta.index(c) for c in batch + left + contract])
     b = ctx.transpose(b, [tb.index(c) for c in batch + contract + right])
-    a = ctx.broadcast_to(a, [size[c] for c in batch] + list(ctx.shape(a))[len(batch) :])
-    b = ctx.broadcast_to(b, [size[c] for c in batch] + list(ctx.shape(b))[len(batch) :])
+    # size-1 dimensions (from '...') broadcast against the other operand, summed ones included
+    a = ctx.broadcast_to(a, [size[c] for c in batch + left + contract])
+    b = ctx.broadcast_to(b, [size[c] for c in batch + contract + right])
     prod = math.prod
     bsz = prod(size[c] for c in batch)
     a = ctx.reshape(a, (bsz, prod(size[c] for c in left), prod(size[c] for c in contract)))

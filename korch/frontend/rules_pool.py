@@ -8,7 +8,7 @@ import numpy as np
 
 from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.frontend.rules_linear import spatial_attrs
-from korch.prims import Prim
+from korch.prims import FLOAT_DTYPES, Prim
 
 # ---------------------------------------------------------------------- pools
 
@@ -110,7 +110,9 @@ def _source_coords(mode: str, out_len: int, in_len: int, scale: float) -> np.nda
     raise ValueError(mode)
 
 
-def _nearest_index(coords: np.ndarray, nearest_mode: str, in_len: int) -> np.ndarray:
+def _nearest_index(coords: np.ndarray, nearest_mode: str, in_len: int, scale: float) -> np.ndarray:
+    if nearest_mode == "simple":  # ONNX Runtime before opset 11: ceil when shrinking, else floor
+        nearest_mode = "ceil" if scale < 1 else "floor"
     rounding = {
         "round_prefer_floor": lambda c: np.ceil(c - 0.5),
         "round_prefer_ceil": lambda c: np.floor(c + 0.5),
@@ -124,22 +126,32 @@ def resample(ctx: Lowering, x: str, out_sizes, scales, mode: str, ctm: str, near
     """Separable resampling: one gather (nearest) or two gathers and a lerp (linear) per axis."""
     dtype = ctx.dtype(x)
     for axis, (in_len, out_len, scale) in enumerate(zip(ctx.shape(x), out_sizes, scales)):
-        if in_len == out_len and scale == 1.0:
+        if scale == 1.0 or (mode == "nearest" and in_len == out_len):
+            # ONNX Runtime (1.32) copies these axes; for a linear resize it honours any other scale
             continue
         coords = _source_coords(ctm, out_len, in_len, scale)
         if mode == "nearest":
-            x = ctx.emit(Prim.GATHER, x, ctx.const(_nearest_index(coords, nearest, in_len)), axis=axis)
+            index = _nearest_index(coords, nearest, in_len, scale)
+            x = ctx.emit(Prim.GATHER, x, ctx.const(index), axis=axis)
             continue
         coords = np.clip(coords, 0, in_len - 1)
         lo = np.floor(coords).astype("int64")
         hi = np.minimum(lo + 1, in_len - 1)
-        weight = (coords - lo).astype(dtype)
+        work = dtype if dtype in FLOAT_DTYPES else "float32"  # integers interpolate in float
+        weight = (coords - lo).astype(work)
         rank = ctx.rank(x)
         w = ctx.const(weight.reshape([out_len] + [1] * (rank - axis - 1)))
-        g0 = ctx.emit(Prim.GATHER, x, ctx.const(lo), axis=axis)
-        g1 = ctx.emit(Prim.GATHER, x, ctx.const(hi), axis=axis)
+        g0 = ctx.cast(ctx.emit(Prim.GATHER, x, ctx.const(lo), axis=axis), work)
+        g1 = ctx.cast(ctx.emit(Prim.GATHER, x, ctx.const(hi), axis=axis), work)
         x = ctx.elementwise(Prim.ADD, g0, ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, g1, g0), w))
+        if work != dtype:
+            x = ctx.cast(ctx.unary(Prim.ROUND, x), dtype)
     return x
+
+
+def _scaled_size(dim: int, scale) -> int:
+    """floor(dim * scale) in float32, as ONNX Runtime computes it."""
+    return int(np.floor(np.float32(dim) * np.float32(scale)))
 
 
 @fission("Resize", 10)
@@ -149,7 +161,7 @@ def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
     rank = len(shape)
     mode = n.attr("mode", "nearest")
     if n.opset < 11:
-        scales_v, sizes_v, ctm, nearest = n.input(1), None, "asymmetric", "floor"
+        scales_v, sizes_v, ctm, nearest = n.input(1), None, "asymmetric", "simple"
     else:
         scales_v, sizes_v = n.input(2), n.input(3)
         ctm = n.attr("coordinate_transformation_mode", "half_pixel")
@@ -170,7 +182,7 @@ def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
     else:
         given = ctx.require_const(scales_v, "Resize scales").astype(np.float64).reshape(-1)
         for a, s in zip(axes, given):
-            out_sizes[a], scales[a] = int(math.floor(shape[a] * float(np.float32(s)))), float(np.float32(s))
+            out_sizes[a], scales[a] = _scaled_size(shape[a], s), float(np.float32(s))
     if n.attr("antialias", 0) and any(s < 1 for s in scales):
         ctx.unsupported("antialiased downsampling")
     return [resample(ctx, x, out_sizes, scales, mode, ctm, nearest)]
@@ -186,6 +198,6 @@ def upsample(ctx: Lowering, n: OnnxNode) -> list[str]:
         scales = [float(s) for s in n.attr("scales")]
     else:
         scales = [float(s) for s in ctx.require_const(n.inputs[1], "Upsample scales").reshape(-1)]
-    out_sizes = [int(math.floor(d * s)) for d, s in zip(ctx.shape(x), scales)]
+    out_sizes = [_scaled_size(d, s) for d, s in zip(ctx.shape(x), scales)]
     mode = "nearest" if mode == "nearest" else "linear"
-    return [resample(ctx, x, out_sizes, scales, mode, "asymmetric", "floor")]
+    return [resample(ctx, x, out_sizes, scales, mode, "asymmetric", "simple")]

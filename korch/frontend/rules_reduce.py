@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
+from korch.frontend.rules_linear import matmul
 from korch.prims import Prim
 
 
@@ -50,6 +51,9 @@ def _mean(ctx, x, axes):
 
 def _log_sum_exp(ctx, x, axes):
     m = ctx.reduce(Prim.REDUCE_MAX, x, axes)
+    # an infinite maximum is not subtracted: -inf - -inf would be NaN where ONNX Runtime gives -inf
+    finite = ctx.elementwise(Prim.LT, ctx.unary(Prim.ABS, m), ctx.scalar(np.inf, ctx.dtype(x)))
+    m = ctx.elementwise(Prim.WHERE, finite, m, ctx.scalar(0, ctx.dtype(x)))
     shifted = ctx.unary(Prim.EXP, ctx.elementwise(Prim.SUB, x, m))
     return ctx.elementwise(Prim.ADD, ctx.unary(Prim.LOG, _sum(ctx, shifted, axes)), m)
 
@@ -200,11 +204,12 @@ def batch_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
     rank = ctx.rank(x)
     # y = x * a + b with a = scale / sqrt(var + eps), b = bias - mean * a (folded when constant)
     eps = ctx.scalar(n.attr("epsilon", 1e-5), ctx.dtype(var))
-    a = ctx.elementwise(
-        Prim.MUL, scale, ctx.unary(Prim.RECIPROCAL, ctx.unary(Prim.SQRT, ctx.elementwise(Prim.ADD, var, eps)))
-    )
-    b = ctx.elementwise(Prim.SUB, bias, ctx.elementwise(Prim.MUL, mean, a))
-    if rank > 2:
+    inv_std = ctx.unary(Prim.RECIPROCAL, ctx.unary(Prim.SQRT, ctx.elementwise(Prim.ADD, var, eps)))
+    a = ctx.elementwise(Prim.MUL, ctx.cast(scale, ctx.dtype(var)), inv_std)
+    b = ctx.elementwise(Prim.SUB, ctx.cast(bias, ctx.dtype(var)), ctx.elementwise(Prim.MUL, mean, a))
+    a, b = ctx.cast(a, ctx.dtype(x)), ctx.cast(b, ctx.dtype(x))  # opset 15 allows float32 statistics
+    # parameters are per channel ([C]), or per channel and position with spatial=0 (opsets < 9)
+    if rank > 2 and n.attr("spatial", 1):
         a, b = _channel_param(ctx, a, rank), _channel_param(ctx, b, rank)
     return [ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, x, a), b)]
 
@@ -234,5 +239,5 @@ def cumsum(ctx: Lowering, n: OnnxNode) -> list[str]:
         keep &= i != j
     perm = [a for a in range(rank) if a != axis] + [axis]
     moved = ctx.transpose(x, perm)
-    y = ctx.emit(Prim.MATMUL, moved, ctx.const(keep.astype(ctx.dtype(x))))
+    y = matmul(ctx, moved, ctx.const(keep.astype(ctx.dtype(x))))
     return [ctx.transpose(y, np.argsort(perm))]

@@ -1,0 +1,264 @@
+"""Candidate kernels: every connected, convex, legal set of primitives up to a size bound.
+
+Enumeration runs per partition with each set as a bitmask over the partition's nodes. It is the
+ESU scheme (Wernicke 2006): a set is grown only from its lowest node and only with nodes adjacent
+to the newest addition that are not adjacent to anything before, so every connected set appears
+exactly once. Growth stops at sets that break a monotone legality rule, and at sets whose convex
+closure (every node on a path between two of its members) is already larger than the bound."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from korch.ir import Graph
+from korch.legality import LegalityOptions, final_reason, monotone_reason
+from korch.partition import Partition, PartitionOptions, partition
+from korch.prims import Kind
+
+SMALL_CONSTANT = 8  # constants up to this many elements are baked into kernels: part of the key
+
+
+@dataclass(frozen=True)
+class CandidateOptions:
+    max_size: int = 12  # primitives per candidate, broadcasts not counted
+    legality: LegalityOptions = LegalityOptions()
+    partition: PartitionOptions = PartitionOptions()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A set of primitives one kernel could run. `outputs` are the values it writes: those read
+    outside the set, and graph outputs. `key` is equal for structurally identical candidates."""
+
+    nodes: tuple[int, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    key: str
+    partition: int
+
+
+@dataclass
+class CandidateSet:
+    graph: Graph
+    partitions: list[Partition]
+    candidates: list[Candidate]
+    pruned: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    @property
+    def unique_keys(self) -> int:
+        return len({c.key for c in self.candidates})
+
+    def summary(self) -> dict:
+        return {
+            "primitives": len(self.graph.nodes),
+            "partitions": len(self.partitions),
+            "candidates": len(self.candidates),
+            "unique_candidates": self.unique_keys,
+            "pruned": dict(sorted(self.pruned.items())),
+            "seconds": round(self.seconds, 4),
+        }
+
+
+# --------------------------------------------------------------------------- keys
+
+
+class _KeyMaker:
+    """Canonical structural keys: primitives, attributes, types and wiring, never value names."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.node_sig = [self._node_sig(n) for n in graph.nodes]
+
+    def _node_sig(self, node) -> str:
+        attrs = []
+        for k, v in node.attrs:
+            if isinstance(v, bytes):
+                v = hashlib.sha256(v).hexdigest()[:16]
+            attrs.append((k, v))
+        types = tuple(str(self.graph.types[v]) for v in node.outputs)
+        return repr((node.prim.value, tuple(attrs), types))
+
+    def _input_sig(self, value: str) -> str:
+        graph = self.graph
+        if value in graph.constants:
+            array = graph.constants[value]
+            if array.size <= SMALL_CONSTANT:
+                return f"k{graph.types[value]}{array.reshape(-1).tolist()}"
+            return f"w{graph.types[value]}"
+        return f"x{graph.types[value]}"
+
+    def key(self, nodes: tuple[int, ...], outputs: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+        """(key, external inputs in first-use order)."""
+        local: dict[str, str] = {}
+        external: dict[str, int] = {}
+        parts = []
+        for pos, idx in enumerate(nodes):
+            node = self.graph.nodes[idx]
+            refs = []
+            for v in node.inputs:
+                if v not in local:
+                    external.setdefault(v, len(external))
+                    refs.append(f"in{external[v]}")
+                else:
+                    refs.append(local[v])
+            parts.append(f"{self.node_sig[idx]}({','.join(refs)})")
+            for j, v in enumerate(node.outputs):
+                local[v] = f"n{pos}.{j}"
+        text = ";".join(parts) + "|" + ",".join(self._input_sig(v) for v in external)
+        text += "|" + ",".join(local[v] for v in outputs)
+        return hashlib.sha256(text.encode()).hexdigest()[:24], tuple(external)
+
+
+# -------------------------------------------------------------------- enumeration
+
+
+class _Region:
+    """One partition's nodes as bitmasks: adjacency, descendants, ancestors, output readers."""
+
+    def __init__(self, graph: Graph, part: Partition):
+        self.part = part
+        nodes = graph.nodes[part.start : part.stop]
+        m = len(nodes)
+        producer = {v: i for i, n in enumerate(nodes) for v in n.outputs}
+        consumers = graph.consumers()
+        graph_outputs = set(graph.outputs)
+        self.kind = [n.kind for n in nodes]
+        # broadcasts are index arithmetic inside a kernel: they do not count toward the size bound
+        self.counted = sum(1 << i for i, n in enumerate(nodes) if n.kind is not Kind.BROADCAST)
+        self.adj = [0] * m
+        self.anc = [0] * m
+        for i, n in enumerate(nodes):
+            for v in n.inputs:
+                p = producer.get(v)
+                if p is not None:
+                    self.adj[i] |= 1 << p
+                    self.adj[p] |= 1 << i
+                    self.anc[i] |= (1 << p) | self.anc[p]
+        self.desc = [0] * m
+        for i in range(m - 1, -1, -1):
+            for j in _bits(self.adj[i] >> (i + 1) << (i + 1)):  # later neighbours read from i
+                self.desc[i] |= (1 << j) | self.desc[j]
+        # per output value: readers inside the region (mask) and whether anything outside reads it
+        self.outputs = []
+        for i, n in enumerate(nodes):
+            outs = []
+            for v in n.outputs:
+                mask, outside = 0, v in graph_outputs
+                for c in consumers.get(v, []):
+                    j = producer.get(c.outputs[0])
+                    if j is None:
+                        outside = True
+                    else:
+                        mask |= 1 << j
+                outs.append((v, mask, outside))
+            self.outputs.append(outs)
+
+    def written(self, members: int) -> tuple[str, ...]:
+        return tuple(
+            v
+            for i in _bits(members)
+            for v, readers, outside in self.outputs[i]
+            if outside or readers & ~members
+        )
+
+
+def _bits(mask: int):
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def _enumerate_region(region: _Region, options: CandidateOptions, pruned: Counter):
+    """Yield (member mask, written values) for every legal connected convex set."""
+    k = options.max_size
+    legality = options.legality
+    kinds = region.kind
+
+    def grow(members, ext, excl, lowest_above, counts, desc, anc):
+        between = desc & anc & ~members
+        if not between:
+            written = region.written(members)
+            reason = final_reason(len(written), legality)
+            if reason:
+                pruned[reason] += 1
+            else:
+                yield members, written
+        else:
+            pruned["non-convex"] += 1
+        while ext:
+            w = (ext & -ext).bit_length() - 1
+            ext &= ext - 1
+            bigger = members | (1 << w)
+            if (bigger & region.counted).bit_count() > k:
+                continue  # the size bound, not a rejection
+            grown = counts.copy()
+            grown[kinds[w]] += 1
+            reason = monotone_reason(grown, legality)
+            if reason:
+                pruned[reason] += 1
+                continue
+            d, a = desc | region.desc[w], anc | region.anc[w]
+            if ((bigger | (d & a)) & region.counted).bit_count() > k:
+                pruned["non-convex"] += 1  # its convex closure no longer fits the bound
+                continue
+            new_ext = ext | (region.adj[w] & lowest_above & ~excl)
+            yield from grow(bigger, new_ext, excl | region.adj[w], lowest_above, grown, d, a)
+
+    for v in range(len(kinds)):
+        above = ~((1 << (v + 1)) - 1)
+        counts = Counter({kinds[v]: 1})
+        yield from grow(
+            1 << v,
+            region.adj[v] & above,
+            region.adj[v] | (1 << v),
+            above,
+            counts,
+            region.desc[v],
+            region.anc[v],
+        )
+
+
+def enumerate_candidates(graph: Graph, options: CandidateOptions = CandidateOptions()) -> CandidateSet:
+    start = time.perf_counter()
+    parts = partition(graph, options.partition)
+    keys = _KeyMaker(graph)
+    pruned: Counter = Counter()
+    found: list[Candidate] = []
+    for part in parts:
+        region = _Region(graph, part)
+        for members, written in _enumerate_region(region, options, pruned):
+            nodes = tuple(part.start + i for i in _bits(members))
+            key, inputs = keys.key(nodes, written)
+            found.append(Candidate(nodes, inputs, written, key, part.index))
+    return CandidateSet(graph, parts, found, pruned, time.perf_counter() - start)
+
+
+def is_convex(graph: Graph, nodes) -> bool:
+    """Independent check by plain graph search: no path leaves the set and comes back."""
+    members = set(nodes)
+    index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
+    readers = {v: [index[c.outputs[0]] for c in cs] for v, cs in graph.consumers().items()}
+
+    def successors(i):
+        return [j for v in graph.nodes[i].outputs for j in readers.get(v, [])]
+
+    frontier = [j for i in members for j in successors(i) if j not in members]
+    outside = set()
+    while frontier:
+        j = frontier.pop()
+        if j in outside:
+            continue
+        outside.add(j)
+        for nxt in successors(j):
+            if nxt in members:
+                return False
+            frontier.append(nxt)
+    return True
+
+
+__all__ = ["Candidate", "CandidateOptions", "CandidateSet", "enumerate_candidates", "is_convex"]

@@ -1,0 +1,167 @@
+"""Candidate enumeration against brute force on random DAGs, plus keys and partitioning."""
+
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from korch.candidates import CandidateOptions, _KeyMaker, enumerate_candidates, is_convex
+from korch.ir import GraphBuilder
+from korch.legality import LegalityOptions, final_reason, monotone_reason
+from korch.partition import PartitionOptions, partition
+from korch.prims import Kind, Prim, TensorType
+
+T = TensorType((4, 4), "float32")
+
+
+def random_graph(seed, n_ops=9):
+    """A random DAG over 4x4 tensors mixing elementwise, reduce(+broadcast), layout and linear."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    values = [b.input("x", T), b.input("y", T)]
+    for _ in range(n_ops):
+        op = rng.choice(
+            ["add", "mul", "exp", "neg", "transpose", "matmul", "reduce"],
+            p=[0.2, 0.15, 0.15, 0.1, 0.1, 0.15, 0.15],
+        )
+        pick = [values[i] for i in rng.choice(len(values), 2)]
+        if op in ("add", "mul", "matmul"):
+            prim = {"add": Prim.ADD, "mul": Prim.MUL, "matmul": Prim.MATMUL}[op]
+            (v,) = b.emit(prim, pick)
+        elif op in ("exp", "neg"):
+            (v,) = b.emit(Prim.EXP if op == "exp" else Prim.NEG, pick[:1])
+        elif op == "transpose":
+            (v,) = b.emit(Prim.TRANSPOSE, pick[:1], perm=(1, 0))
+        else:
+            (r,) = b.emit(Prim.REDUCE_SUM, pick[:1], axes=(1,))
+            (v,) = b.emit(Prim.BROADCAST, [r], shape=(4, 4))
+        values.append(v)
+    used = {i for n in b.nodes for i in n.inputs}
+    outputs = [v for n in b.nodes for v in n.outputs if v not in used]
+    return b.build(outputs, outputs)
+
+
+def brute_force(graph, options, ranges):
+    """Every subset of nodes inside one range that is connected, convex, legal and small enough."""
+    consumers = graph.consumers()
+    index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
+    outputs = set(graph.outputs)
+    found = set()
+    for lo, hi in ranges:
+        ids = range(lo, hi)
+        for r in range(1, len(ids) + 1):
+            for subset in itertools.combinations(ids, r):
+                members = set(subset)
+                counted = sum(graph.nodes[i].kind is not Kind.BROADCAST for i in members)
+                if counted > options.max_size or not _connected(graph, members, index):
+                    continue
+                if not is_convex(graph, members):
+                    continue
+                kinds = Counter(graph.nodes[i].kind for i in members)
+                if monotone_reason(kinds, options.legality):
+                    continue
+                written = [
+                    v
+                    for i in members
+                    for v in graph.nodes[i].outputs
+                    if v in outputs or any(index[c.outputs[0]] not in members for c in consumers.get(v, []))
+                ]
+                if final_reason(len(written), options.legality):
+                    continue
+                found.add(frozenset(members))
+    return found
+
+
+def _connected(graph, members, index):
+    members = set(members)
+    start = next(iter(members))
+    seen, stack = {start}, [start]
+    while stack:
+        i = stack.pop()
+        neighbours = {index[v] for v in graph.nodes[i].inputs if v in index}
+        neighbours |= {j for j in members if set(graph.nodes[j].inputs) & set(graph.nodes[i].outputs)}
+        for j in neighbours & members - seen:
+            seen.add(j)
+            stack.append(j)
+    return seen == members
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_enumeration_equals_brute_force(seed):
+    graph = random_graph(seed)
+    options = CandidateOptions(
+        max_size=4 + seed % 4, legality=LegalityOptions(max_reductions=1 + seed % 2, max_outputs=2 + seed % 3)
+    )
+    result = enumerate_candidates(graph, options)
+    got = [frozenset(c.nodes) for c in result.candidates]
+    assert len(got) == len(set(got)), "duplicates"
+    ranges = [(p.start, p.stop) for p in result.partitions]
+    assert set(got) == brute_force(graph, options, ranges)
+    for c in result.candidates:
+        assert is_convex(graph, c.nodes)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_enumeration_with_forced_partitions(seed):
+    graph = random_graph(1000 + seed, n_ops=12)
+    options = CandidateOptions(max_size=5, partition=PartitionOptions(min_nodes=3, max_nodes=6))
+    result = enumerate_candidates(graph, options)
+    ranges = [(p.start, p.stop) for p in result.partitions]
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(graph.nodes)
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert {frozenset(c.nodes) for c in result.candidates} == brute_force(graph, options, ranges)
+
+
+def test_every_single_primitive_is_a_candidate():
+    graph = random_graph(7, n_ops=14)
+    singles = {c.nodes for c in enumerate_candidates(graph).candidates if len(c.nodes) == 1}
+    assert singles == {(i,) for i in range(len(graph.nodes))}
+
+
+def _two_blocks(scale_a=0.5, scale_b=0.5):
+    b = GraphBuilder()
+    x = b.input("x", T)
+    for scale in (scale_a, scale_b):
+        (m,) = b.emit(Prim.MATMUL, [x, b.const(np.ones((4, 4), "float32") * scale * 3)])
+        (e,) = b.emit(Prim.MUL, [m, b.const(np.float32(scale))])
+        (x,) = b.emit(Prim.EXP, [e])
+    return b.build([x], ["y"])
+
+
+def test_identical_blocks_share_keys():
+    cs = enumerate_candidates(_two_blocks()).candidates
+    by_nodes = {c.nodes: c.key for c in cs}
+    assert by_nodes[(0, 1)] == by_nodes[(3, 4)]  # matmul+mul of each block; weights differ in value only
+    assert by_nodes[(0,)] == by_nodes[(3,)]
+    assert by_nodes[(2,)] == by_nodes[(5,)]  # both exps write their result
+    assert by_nodes[(1,)] != by_nodes[(2,)]  # mul and exp
+
+
+def test_small_constants_are_part_of_the_key():
+    a = enumerate_candidates(_two_blocks(0.5, 0.25)).candidates
+    by_nodes = {c.nodes: c.key for c in a}
+    assert by_nodes[(1,)] != by_nodes[(4,)]  # mul by 0.5 vs mul by 0.25
+    assert by_nodes[(0,)] == by_nodes[(3,)]  # big weights: only their type matters
+
+
+def test_key_ignores_value_names():
+    g = _two_blocks()
+    keys = _KeyMaker(g)
+    k1, ins = keys.key((0, 1), (g.nodes[1].outputs[0],))
+    assert len(k1) == 24 and ins == ("x", g.nodes[0].inputs[1], g.nodes[1].inputs[1])
+
+
+def test_partition_prefers_cuts_read_only_by_linear_primitives():
+    b = GraphBuilder()
+    x = b.input("x", T)
+    w = b.const(np.ones((4, 4), "float32"))
+    for _ in range(6):
+        (m,) = b.emit(Prim.MATMUL, [x, w])
+        (e,) = b.emit(Prim.EXP, [m])
+        (x,) = b.emit(Prim.NEG, [e])
+    g = b.build([x], ["y"])
+    parts = partition(g, PartitionOptions(min_nodes=2, max_nodes=7))
+    for p in parts[:-1]:
+        assert g.nodes[p.stop].prim is Prim.MATMUL  # each region ends before a matmul
+        assert p.crossing == (g.nodes[p.stop - 1].outputs[0],)
