@@ -144,7 +144,7 @@ class _Region:
                 self.desc[i] |= (1 << j) | self.desc[j]
         # per output value: readers inside the region (mask) and whether anything outside reads it
         self.outputs = []
-        for i, n in enumerate(nodes):
+        for n in nodes:
             outs = []
             for v in n.outputs:
                 mask, outside = 0, v in graph_outputs

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.frontend.onnx_types import onnx_dtype
 from korch.prims import FLOAT_DTYPES, Prim
