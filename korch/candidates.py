@@ -262,3 +262,20 @@ def is_convex(graph: Graph, nodes) -> bool:
 
 
 __all__ = ["Candidate", "CandidateOptions", "CandidateSet", "enumerate_candidates", "is_convex"]
+
+
+def make_candidate(graph: Graph, nodes, partition: int = -1, keys: _KeyMaker | None = None) -> Candidate:
+    """A candidate for any set of nodes (no legality or convexity check): used for seeds and tests."""
+    nodes = tuple(sorted(nodes))
+    members = set(nodes)
+    index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
+    readers = graph.consumers()
+    outputs = set(graph.outputs)
+    written = tuple(
+        v
+        for i in nodes
+        for v in graph.nodes[i].outputs
+        if v in outputs or any(index[c.outputs[0]] not in members for c in readers.get(v, []))
+    )
+    key, inputs = (keys or _KeyMaker(graph)).key(nodes, written)
+    return Candidate(nodes, inputs, written, key, partition)

@@ -104,46 +104,47 @@ def load_graph(path: str | os.PathLike) -> Graph:
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
-        if doc.get("format") != FORMAT:
-            raise KorchError(f"{path}: not a korch primitive graph (format {doc.get('format')!r})")
+        if not isinstance(doc, dict):
+            raise KorchError("not a korch primitive graph")
         arrays = np.load(path.parent / doc["arrays"]) if "arrays" in doc else {}
-        types, constants = {}, {}
-        for c in doc["constants"]:
-            if "data" in c:
-                array = np.array(c["data"], dtype=c["dtype"]).reshape(c["shape"])
-            else:
-                array = np.asarray(arrays[c["name"]])
-            array.setflags(write=False)
-            constants[c["name"]] = array
-            types[c["name"]] = TensorType.of(array)
-        for i in doc["inputs"]:
-            types[i["name"]] = TensorType(tuple(i["shape"]), i["dtype"])
-        nodes = []
-        for nd in doc["nodes"]:
-            for o in nd["outputs"]:
-                types[o["name"]] = TensorType(tuple(o["shape"]), o["dtype"])
-            attrs = tuple(sorted((k, freeze_attr(_attr_from_json(v))) for k, v in nd["attrs"].items()))
-            nodes.append(
-                Node(
-                    Prim(nd["prim"]),
-                    tuple(nd["inputs"]),
-                    tuple(o["name"] for o in nd["outputs"]),
-                    attrs,
-                    nd.get("origin", ""),
-                )
-            )
-        graph = Graph(
-            inputs=tuple(i["name"] for i in doc["inputs"]),
-            outputs=tuple(o["value"] for o in doc["outputs"]),
-            output_names=tuple(o["name"] for o in doc["outputs"]),
-            types=MappingProxyType(types),
-            constants=MappingProxyType(constants),
-            nodes=tuple(nodes),
-            name=doc.get("name", "main"),
-        )
-    except KorchError:
-        raise
+        return load_graph_json(doc, arrays)
+    except KorchError as e:
+        raise KorchError(f"{path}: {e}") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise KorchError(f"{path}: cannot read primitive graph ({type(e).__name__}: {e})") from None
+
+
+def load_graph_json(doc: dict, arrays=None) -> Graph:
+    """A graph from its JSON document; constants not inlined come from `arrays` (name -> array)."""
+    if doc.get("format") != FORMAT:
+        raise KorchError(f"not a korch primitive graph (format {doc.get('format')!r})")
+    arrays = arrays or {}
+    types, constants = {}, {}
+    for c in doc["constants"]:
+        if "data" in c:
+            array = np.array(c["data"], dtype=c["dtype"]).reshape(c["shape"])
+        else:
+            array = np.asarray(arrays[c["name"]])
+        array.setflags(write=False)
+        constants[c["name"]] = array
+        types[c["name"]] = TensorType.of(array)
+    for i in doc["inputs"]:
+        types[i["name"]] = TensorType(tuple(i["shape"]), i["dtype"])
+    nodes = []
+    for nd in doc["nodes"]:
+        for o in nd["outputs"]:
+            types[o["name"]] = TensorType(tuple(o["shape"]), o["dtype"])
+        attrs = tuple(sorted((k, freeze_attr(_attr_from_json(v))) for k, v in nd["attrs"].items()))
+        outputs = tuple(o["name"] for o in nd["outputs"])
+        nodes.append(Node(Prim(nd["prim"]), tuple(nd["inputs"]), outputs, attrs, nd.get("origin", "")))
+    graph = Graph(
+        inputs=tuple(i["name"] for i in doc["inputs"]),
+        outputs=tuple(o["value"] for o in doc["outputs"]),
+        output_names=tuple(o["name"] for o in doc["outputs"]),
+        types=MappingProxyType(types),
+        constants=MappingProxyType(constants),
+        nodes=tuple(nodes),
+        name=doc.get("name", "main"),
+    )
     verify(graph)
     return graph

@@ -1,0 +1,73 @@
+"""Kernel backends: who can run a candidate as one kernel, and how to compile it for a device.
+
+A backend answers `supports(spec)` with None (yes) or a reason, and `compile(spec, device)` with a
+CompiledKernel whose `fn(*inputs)` takes and returns torch tensors on the device, inputs in the
+order of `spec.graph.inputs`. Compilation may raise anything: the profiler records it as a failure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from korch.kernel import KernelSpec
+
+
+@dataclass
+class CompiledKernel:
+    fn: Callable[..., list[torch.Tensor]]
+    kernels: int = 1  # device kernels launched per call, as far as the backend knows
+
+
+class Backend:
+    name = "?"
+    selectable = True  # False for the reference: it checks the others but is never chosen
+
+    def version(self) -> str:
+        raise NotImplementedError
+
+    def supports(self, spec: KernelSpec, device: str) -> str | None:
+        raise NotImplementedError
+
+    def compile(self, spec: KernelSpec, device: str) -> CompiledKernel:
+        raise NotImplementedError
+
+
+def all_backends() -> dict[str, Backend]:
+    from korch.backends.inductor import InductorBackend
+    from korch.backends.onnxrt import OnnxRuntimeBackend
+    from korch.backends.reference import ReferenceBackend
+    from korch.backends.vendor import VendorBackend
+
+    found = [InductorBackend(), VendorBackend(), OnnxRuntimeBackend(), ReferenceBackend()]
+    return {b.name: b for b in found}
+
+
+def get_backends(names: list[str] | None = None) -> list[Backend]:
+    """The named backends (default: every selectable one)."""
+    from korch.errors import KorchError
+
+    known = all_backends()
+    if not names:
+        return [b for b in known.values() if b.selectable]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise KorchError(f"unknown backends {unknown}; known: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def device_name(device: str) -> str:
+    """A stable description of the device, part of every profile's key."""
+    if device.startswith("cuda"):
+        return f"cuda:{torch.cuda.get_device_name(torch.device(device))}"
+    model = "unknown cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"cpu:{model}:{torch.get_num_threads()}threads"

@@ -1,0 +1,58 @@
+"""The Inductor backend: a candidate traced to an aten graph and compiled by PyTorch Inductor
+(C++/OpenMP on CPU, Triton on CUDA)."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from korch.backends import Backend, CompiledKernel
+from korch.backends.torch_ops import graph_function
+from korch.kernel import KernelSpec
+from korch.prims import Prim
+
+_DEFINITION = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
+
+
+def count_launches(source: str) -> int:
+    """Kernel launches per call in Inductor's generated wrapper: its own kernels (C++ or Triton)
+    and library calls such as extern_kernels.mm. At least 1."""
+    body = source.split("def call(", 1)[-1]
+    launches = sum(len(re.findall(rf"\b{name}(\.run)?\(", body)) for name in _DEFINITION.findall(source))
+    launches += len(re.findall(r"\bextern_kernels\.\w+\(", body))
+    launches += len(re.findall(r"\btorch\.ops\.\w+\.\w+", body))
+    return max(launches, 1)
+
+
+class InductorBackend(Backend):
+    name = "inductor"
+
+    def version(self) -> str:
+        return f"torch-{torch.__version__}"
+
+    def supports(self, spec: KernelSpec, device: str) -> str | None:
+        if any(n.prim is Prim.OPAQUE for n in spec.graph.nodes):
+            return "opaque operators run in ONNX Runtime"
+        if any(spec.graph.types[v].dtype == "float64" for v in spec.graph.types) and device.startswith(
+            "cuda"
+        ):
+            return "float64 on CUDA"
+        return None
+
+    def compile(self, spec: KernelSpec, device: str) -> CompiledKernel:
+        from torch._inductor.compile_fx import compile_fx
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        from korch.profiler import example_tensors
+
+        examples = example_tensors(spec.graph, device)
+        fn = graph_function(spec.graph, device)
+        traced = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+        compiled = compile_fx(traced, examples)
+        kernels = count_launches(getattr(compiled, "source_code", "") or "")
+
+        def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
+            return list(compiled(*inputs))
+
+        return CompiledKernel(fn, kernels)

@@ -1,0 +1,250 @@
+"""The ONNX Runtime backend: a candidate written back as an ONNX model (primitives map to ONNX
+operators) and run as a session with IO binding, so ONNX Runtime's own fused kernels and its MLAS
+matmul become candidates too."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from korch.backends import Backend, CompiledKernel
+from korch.frontend.onnx_types import to_onnx_dtype
+from korch.ir import Graph
+from korch.kernel import KernelSpec
+from korch.prims import Kind, Prim
+
+OPSET = 18
+
+_SIMPLE = {
+    Prim.NEG: "Neg",
+    Prim.ABS: "Abs",
+    Prim.EXP: "Exp",
+    Prim.LOG: "Log",
+    Prim.SQRT: "Sqrt",
+    Prim.RECIPROCAL: "Reciprocal",
+    Prim.ERF: "Erf",
+    Prim.TANH: "Tanh",
+    Prim.SIGMOID: "Sigmoid",
+    Prim.FLOOR: "Floor",
+    Prim.CEIL: "Ceil",
+    Prim.ROUND: "Round",
+    Prim.SIN: "Sin",
+    Prim.COS: "Cos",
+    Prim.SIGN: "Sign",
+    Prim.NOT: "Not",
+    Prim.ADD: "Add",
+    Prim.SUB: "Sub",
+    Prim.MUL: "Mul",
+    Prim.DIV: "Div",
+    Prim.POW: "Pow",
+    Prim.MAX: "Max",
+    Prim.MIN: "Min",
+    Prim.EQ: "Equal",
+    Prim.LT: "Less",
+    Prim.GT: "Greater",
+    Prim.AND: "And",
+    Prim.OR: "Or",
+    Prim.XOR: "Xor",
+    Prim.WHERE: "Where",
+    Prim.MATMUL: "MatMul",
+    Prim.CONCAT: "Concat",
+    Prim.TRANSPOSE: "Transpose",
+    Prim.GATHER: "Gather",
+    Prim.ARGMAX: "ArgMax",
+    Prim.ARGMIN: "ArgMin",
+}
+_REDUCE = {
+    Prim.REDUCE_SUM: "ReduceSum",
+    Prim.REDUCE_MAX: "ReduceMax",
+    Prim.REDUCE_MIN: "ReduceMin",
+    Prim.REDUCE_PROD: "ReduceProd",
+}
+
+
+class _Writer:
+    """Accumulates ONNX nodes and initializers for one kernel graph."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.alias: dict[str, str] = {}
+
+    def name(self, v: str) -> str:
+        return self.alias.get(v, v)
+
+    def const(self, array, hint: str) -> str:
+        name = f"{hint}_{len(self.inits)}"
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def add(self, op: str, inputs, outputs, **attrs) -> None:
+        self.nodes.append(helper.make_node(op, list(inputs), list(outputs), **attrs))
+
+
+def _elidable_broadcasts(graph: Graph) -> set[str]:
+    """Broadcast outputs read only by elementwise primitives: ONNX broadcasts implicitly."""
+    readers = graph.consumers()
+    return {
+        n.outputs[0]
+        for n in graph.nodes
+        if n.prim is Prim.BROADCAST
+        and n.outputs[0] not in graph.outputs
+        and all(r.kind is Kind.ELEMENTWISE for r in readers.get(n.outputs[0], []))
+    }
+
+
+def _emit(w: _Writer, node, elide: set[str]) -> None:
+    g, a = w.graph, node.a
+    ins = [w.name(v) for v in node.inputs]
+    out = node.outputs[0]
+    if node.prim in _SIMPLE:
+        attrs = {}
+        if node.prim is Prim.CONCAT or node.prim in (Prim.GATHER, Prim.ARGMAX, Prim.ARGMIN):
+            attrs["axis"] = a["axis"]
+        if node.prim in (Prim.ARGMAX, Prim.ARGMIN):
+            attrs["keepdims"] = 1
+        if node.prim is Prim.TRANSPOSE:
+            attrs["perm"] = list(a["perm"])
+        w.add(_SIMPLE[node.prim], ins, [out], **attrs)
+    elif node.prim is Prim.CAST:
+        w.add("Cast", ins, [out], to=to_onnx_dtype(a["to"]))
+    elif node.prim is Prim.BROADCAST:
+        if out in elide:
+            w.alias[out] = ins[0]
+        else:
+            w.add("Expand", [ins[0], w.const(np.array(a["shape"], "int64"), "shape")], [out])
+    elif node.prim in _REDUCE:
+        w.add(_REDUCE[node.prim], [ins[0], w.const(np.array(a["axes"], "int64"), "axes")], [out], keepdims=1)
+    elif node.prim is Prim.RESHAPE:
+        w.add("Reshape", [ins[0], w.const(np.array(a["shape"], "int64"), "shape")], [out])
+    elif node.prim is Prim.SLICE:
+        dims = g.types[node.inputs[0]].shape
+        ends = []
+        for dim, start, step, size in zip(dims, a["starts"], a["steps"], a["sizes"]):
+            end = start + (size - 1) * step + (1 if step > 0 else -1) if size else start
+            ends.append(end if end >= 0 else -(dim + 1))  # a negative end would count from the back
+        arrays = [a["starts"], ends, list(range(len(dims))), a["steps"]]
+        w.add("Slice", [ins[0], *(w.const(np.array(x, "int64"), "slice") for x in arrays)], [out])
+    elif node.prim is Prim.PAD:
+        dtype = g.types[node.inputs[0]].dtype
+        value = w.const(np.array(a["value"], dtype), "value")
+        w.add("Pad", [ins[0], w.const(np.array(a["pads"], "int64"), "pads"), value], [out], mode=a["mode"])
+    elif node.prim is Prim.CONV:
+        w.add(
+            "Conv",
+            ins,
+            [out],
+            strides=list(a["strides"]),
+            pads=list(a["pads"]),
+            dilations=list(a["dilations"]),
+            group=a["group"],
+        )
+    elif node.prim is Prim.CONV_TRANSPOSE:
+        w.add(
+            "ConvTranspose",
+            ins,
+            [out],
+            strides=list(a["strides"]),
+            pads=list(a["pads"]),
+            dilations=list(a["dilations"]),
+            group=a["group"],
+            output_padding=list(a["output_padding"]),
+        )
+    else:
+        raise NotImplementedError(f"{node.prim.value} has no ONNX equivalent")
+
+
+def to_onnx(graph: Graph) -> onnx.ModelProto:
+    """The kernel graph as an ONNX model (opset 18); an opaque primitive is its own model already."""
+    if len(graph.nodes) == 1 and graph.nodes[0].prim is Prim.OPAQUE:
+        model = onnx.load_from_string(graph.nodes[0].a["model"])
+        model.graph.ClearField("output")
+        node = graph.nodes[0]
+        model.graph.output.extend(
+            helper.make_tensor_value_info(name, to_onnx_dtype(graph.types[v].dtype), graph.types[v].shape)
+            for name, v in zip(model.graph.node[0].output, node.outputs)
+        )
+        return model
+    w = _Writer(graph)
+    for name, array in graph.constants.items():
+        w.inits.append(numpy_helper.from_array(np.asarray(array), name))
+    elide = _elidable_broadcasts(graph)
+    for node in graph.nodes:
+        _emit(w, node, elide)
+    for v, name in zip(graph.outputs, graph.output_names):
+        w.add("Identity", [w.name(v)], [name])
+
+    def info(name, v):
+        t = graph.types[v]
+        return helper.make_tensor_value_info(name, to_onnx_dtype(t.dtype), list(t.shape))
+
+    model = helper.make_model(
+        helper.make_graph(
+            w.nodes,
+            graph.name,
+            [info(v, v) for v in graph.inputs],
+            [info(n, v) for v, n in zip(graph.outputs, graph.output_names)],
+            w.inits,
+        ),
+        opset_imports=[helper.make_opsetid("", OPSET)],
+    )
+    model.ir_version = 9
+    return model
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+
+    def version(self) -> str:
+        import onnxruntime
+
+        return f"onnxruntime-{onnxruntime.__version__}"
+
+    def supports(self, spec: KernelSpec, device: str) -> str | None:
+        if any(n.prim is Prim.WINDOW for n in spec.graph.nodes):
+            return "window has no ONNX equivalent"
+        if device.startswith("cuda"):
+            import onnxruntime
+
+            if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+                return "onnxruntime has no CUDA provider here"
+        return None
+
+    def compile(self, spec: KernelSpec, device: str) -> CompiledKernel:
+        import onnxruntime as ort
+
+        graph = spec.graph
+        model = to_onnx(graph)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.intra_op_num_threads = torch.get_num_threads()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        cuda = device.startswith("cuda")
+        providers = ["CUDAExecutionProvider"] if cuda else ["CPUExecutionProvider"]
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+        in_names = [i.name for i in sess.get_inputs()]
+        out_names = list(graph.output_names)
+        out_types = [graph.types[v] for v in graph.outputs]
+        kind, index = ("cuda", torch.device(device).index or 0) if cuda else ("cpu", 0)
+        from korch.backends.torch_ops import DTYPES
+
+        binding = sess.io_binding()
+
+        def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
+            outs = [torch.empty(t.shape, dtype=DTYPES[t.dtype], device=device) for t in out_types]
+            alive = [x.contiguous() for x in inputs]  # the buffers must outlive the run
+            for name, x in zip(in_names, alive):
+                binding.bind_input(name, kind, index, np.dtype(_np(x)), tuple(x.shape), x.data_ptr())
+            for name, y, t in zip(out_names, outs, out_types):
+                binding.bind_output(name, kind, index, np.dtype(t.dtype), t.shape, y.data_ptr())
+            sess.run_with_iobinding(binding)
+            return outs
+
+        return CompiledKernel(fn, kernels=len(model.graph.node))
+
+
+def _np(x: torch.Tensor) -> str:
+    return str(x.dtype).replace("torch.", "")

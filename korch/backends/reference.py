@@ -1,0 +1,33 @@
+"""The reference backend: the numpy executor. Never chosen for speed; it checks every other one."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import korch
+from korch import reference
+from korch.backends import Backend, CompiledKernel
+from korch.kernel import KernelSpec
+from korch.prims import Prim
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+    selectable = False
+
+    def version(self) -> str:
+        return korch.__version__
+
+    def supports(self, spec: KernelSpec, device: str) -> str | None:
+        return None
+
+    def compile(self, spec: KernelSpec, device: str) -> CompiledKernel:
+        graph = spec.graph
+
+        def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
+            feeds = {name: t.detach().cpu().numpy() for name, t in zip(graph.inputs, inputs)}
+            outs = reference.run(graph, feeds)
+            return [torch.as_tensor(np.ascontiguousarray(outs[n])).to(device) for n in graph.output_names]
+
+        return CompiledKernel(fn, kernels=sum(n.prim is not Prim.OPAQUE for n in graph.nodes))

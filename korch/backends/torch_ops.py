@@ -1,0 +1,193 @@
+"""Each primitive as PyTorch operations: traced into aten graphs for Inductor, or run eagerly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from korch.ir import Graph
+from korch.prims import Prim
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+_UNARY: dict[Prim, Callable] = {
+    Prim.NEG: torch.neg,
+    Prim.ABS: torch.abs,
+    Prim.EXP: torch.exp,
+    Prim.LOG: torch.log,
+    Prim.SQRT: torch.sqrt,
+    Prim.RECIPROCAL: torch.reciprocal,
+    Prim.ERF: torch.erf,
+    Prim.TANH: torch.tanh,
+    Prim.SIGMOID: torch.sigmoid,
+    Prim.FLOOR: torch.floor,
+    Prim.CEIL: torch.ceil,
+    Prim.ROUND: torch.round,
+    Prim.SIN: torch.sin,
+    Prim.COS: torch.cos,
+    Prim.SIGN: torch.sign,
+    Prim.NOT: torch.logical_not,
+}
+
+
+def _div(a, b):
+    if a.dtype.is_floating_point:
+        return torch.div(a, b)
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+def _pow(a, b):
+    if a.dtype.is_floating_point:
+        return torch.pow(a, b)
+    return torch.pow(a.double(), b.double()).trunc().to(a.dtype)
+
+
+_BINARY: dict[Prim, Callable] = {
+    Prim.ADD: torch.add,
+    Prim.SUB: torch.sub,
+    Prim.MUL: torch.mul,
+    Prim.DIV: _div,
+    Prim.POW: _pow,
+    Prim.MAX: torch.maximum,
+    Prim.MIN: torch.minimum,
+    Prim.EQ: torch.eq,
+    Prim.LT: torch.lt,
+    Prim.GT: torch.gt,
+    Prim.AND: torch.logical_and,
+    Prim.OR: torch.logical_or,
+    Prim.XOR: torch.logical_xor,
+}
+
+
+def _reduce(x, a, fn):
+    return fn(x, dim=list(a["axes"]), keepdim=True) if a["axes"] else x
+
+
+def _reduce_prod(x, a):
+    for axis in a["axes"]:
+        x = torch.prod(x, dim=axis, keepdim=True)
+    return x
+
+
+def _slice(x, a):
+    for axis, (start, step, size) in enumerate(zip(a["starts"], a["steps"], a["sizes"])):
+        if size == 0:
+            x = x.narrow(axis, 0, 0)
+        elif step > 0:
+            index = [slice(None)] * x.dim()
+            index[axis] = slice(start, start + (size - 1) * step + 1, step)
+            x = x[tuple(index)]
+        else:  # torch slicing has no negative steps
+            x = x.index_select(axis, torch.arange(size, device=x.device) * step + start)
+    return x
+
+
+def _pad(x, a):
+    rank = x.dim()
+    begins, ends = a["pads"][:rank], a["pads"][rank:]
+    if a["mode"] == "constant":
+        flat = [p for axis in reversed(range(rank)) for p in (begins[axis], ends[axis])]
+        return F.pad(x, flat, value=a["value"])
+    mode = "reflect" if a["mode"] == "reflect" else "edge"
+    for axis in range(rank):
+        if begins[axis] or ends[axis]:
+            index = np.pad(np.arange(x.shape[axis]), (begins[axis], ends[axis]), mode=mode)
+            x = x.index_select(axis, torch.as_tensor(index, device=x.device))
+    return x
+
+
+def _gather(data, idx, a):
+    axis = a["axis"]
+    idx = torch.where(idx < 0, idx + data.shape[axis], idx)
+    out = data.index_select(axis, idx.reshape(-1))
+    return out.reshape(data.shape[:axis] + idx.shape + data.shape[axis + 1 :])
+
+
+def _window(x, a):
+    rank = x.dim()
+    k = len(a["kernel"])
+    for i, (kk, s, d) in enumerate(zip(a["kernel"], a["strides"], a["dilations"])):
+        x = x.unfold(rank - k + i, (kk - 1) * d + 1, s)
+    dilate = [slice(None)] * rank + [slice(None, None, d) for d in a["dilations"]]
+    return x[tuple(dilate)]
+
+
+def _conv(x, w, a):
+    nd = w.dim() - 2
+    pads = a["pads"]
+    if tuple(pads[:nd]) == tuple(pads[nd:]):
+        padding = list(pads[:nd])
+    else:
+        x = F.pad(x, [p for i in reversed(range(nd)) for p in (pads[i], pads[nd + i])])
+        padding = [0] * nd
+    conv = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
+    return conv(x, w, None, list(a["strides"]), padding, list(a["dilations"]), a["group"])
+
+
+def _conv_transpose(x, w, a):
+    nd = w.dim() - 2
+    pads = a["pads"]
+    conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
+    y = conv(x, w, None, list(a["strides"]), 0, list(a["output_padding"]), a["group"], list(a["dilations"]))
+    crop = [slice(None), slice(None)] + [slice(pads[i], y.shape[2 + i] - pads[nd + i]) for i in range(nd)]
+    return y[tuple(crop)]
+
+
+def apply(prim: Prim, xs: Sequence[torch.Tensor], a: dict) -> list[torch.Tensor]:
+    """One primitive on torch tensors, with the numpy reference's semantics."""
+    if prim in _UNARY:
+        return [_UNARY[prim](xs[0])]
+    if prim in _BINARY:
+        return [_BINARY[prim](xs[0], xs[1])]
+    simple = {
+        Prim.CAST: lambda: xs[0].to(DTYPES[a["to"]]),
+        Prim.WHERE: lambda: torch.where(xs[0], xs[1], xs[2]),
+        Prim.BROADCAST: lambda: xs[0].expand(tuple(a["shape"])),
+        Prim.REDUCE_SUM: lambda: _reduce(xs[0], a, lambda x, **kw: torch.sum(x, dtype=x.dtype, **kw)),
+        Prim.REDUCE_MAX: lambda: _reduce(xs[0], a, torch.amax),
+        Prim.REDUCE_MIN: lambda: _reduce(xs[0], a, torch.amin),
+        Prim.REDUCE_PROD: lambda: _reduce_prod(xs[0], a),
+        Prim.ARGMAX: lambda: torch.argmax(xs[0], dim=a["axis"], keepdim=True),
+        Prim.ARGMIN: lambda: torch.argmin(xs[0], dim=a["axis"], keepdim=True),
+        Prim.RESHAPE: lambda: xs[0].reshape(tuple(a["shape"])),
+        Prim.TRANSPOSE: lambda: xs[0].permute(tuple(a["perm"])),
+        Prim.SLICE: lambda: _slice(xs[0], a),
+        Prim.CONCAT: lambda: torch.cat(list(xs), dim=a["axis"]),
+        Prim.PAD: lambda: _pad(xs[0], a),
+        Prim.GATHER: lambda: _gather(xs[0], xs[1], a),
+        Prim.WINDOW: lambda: _window(xs[0], a),
+        Prim.MATMUL: lambda: torch.matmul(xs[0], xs[1]),
+        Prim.CONV: lambda: _conv(xs[0], xs[1], a),
+        Prim.CONV_TRANSPOSE: lambda: _conv_transpose(xs[0], xs[1], a),
+    }
+    if prim not in simple:
+        raise NotImplementedError(f"no torch lowering for {prim.value}")
+    return [simple[prim]()]
+
+
+def graph_function(graph: Graph, device: str = "cpu") -> Callable[..., list[torch.Tensor]]:
+    """A Python function running the graph with torch ops: f(*inputs) -> outputs (all tensors)."""
+    constants = {k: torch.as_tensor(np.ascontiguousarray(v)).to(device) for k, v in graph.constants.items()}
+
+    def run(*inputs: torch.Tensor) -> list[torch.Tensor]:
+        env = dict(constants)
+        env.update(zip(graph.inputs, inputs))
+        for node in graph.nodes:
+            outs = apply(node.prim, [env[v] for v in node.inputs], node.a)
+            env.update(zip(node.outputs, outs))
+        return [env[v] for v in graph.outputs]
+
+    return run

@@ -1,0 +1,68 @@
+"""A candidate cut out of its graph as a standalone primitive graph: what every backend compiles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from korch.candidates import SMALL_CONSTANT, Candidate
+from korch.ir import Graph, Node, verify
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """`graph` reads in0..inN and writes out0..outM. Constants of at most SMALL_CONSTANT elements
+    are baked in; larger ones (weights) are inputs, so structurally identical candidates (same key)
+    share one compiled kernel. `inputs` / `outputs` name the values in the original graph."""
+
+    key: str
+    graph: Graph
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    @property
+    def signature(self) -> str:
+        g = self.graph
+        ins = ",".join(str(g.types[v]) for v in g.inputs)
+        outs = ",".join(str(g.types[v]) for v in g.outputs)
+        return f"({ins})->({outs})"
+
+
+def kernel_spec(graph: Graph, candidate: Candidate) -> KernelSpec:
+    rename: dict[str, str] = {}
+    types, constants, inputs = {}, {}, []
+    for v in candidate.inputs:
+        array = graph.constants.get(v)
+        if array is not None and array.size <= SMALL_CONSTANT:
+            rename[v] = f"c{len(constants)}"
+            constants[rename[v]] = array
+        else:
+            rename[v] = f"in{len(inputs)}"
+            inputs.append(v)
+        types[rename[v]] = graph.types[v]
+    nodes = []
+    for pos, idx in enumerate(candidate.nodes):
+        node = graph.nodes[idx]
+        for j, v in enumerate(node.outputs):
+            rename[v] = f"t{pos}_{j}"
+            types[rename[v]] = graph.types[v]
+        nodes.append(
+            Node(
+                node.prim,
+                tuple(rename[v] for v in node.inputs),
+                tuple(rename[v] for v in node.outputs),
+                node.attrs,
+                node.origin,
+            )
+        )
+    sub = Graph(
+        inputs=tuple(rename[v] for v in inputs),
+        outputs=tuple(rename[v] for v in candidate.outputs),
+        output_names=tuple(f"out{i}" for i in range(len(candidate.outputs))),
+        types=MappingProxyType(types),
+        constants=MappingProxyType(constants),
+        nodes=tuple(nodes),
+        name=f"k_{candidate.key}",
+    )
+    verify(sub)
+    return KernelSpec(candidate.key, sub, tuple(inputs), candidate.outputs)

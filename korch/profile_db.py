@@ -1,0 +1,109 @@
+"""The profile database: SQLite in WAL mode, one row per (candidate key, backend and its version,
+device). Each result is committed on its own, so a killed run loses only the kernels in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from korch.errors import KorchError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS profiles (
+    key TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    backend_version TEXT NOT NULL,
+    device TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('ok', 'failed')),
+    median_ms REAL,
+    min_ms REAL,
+    max_ms REAL,
+    kernels INTEGER,
+    compile_s REAL,
+    reason TEXT,
+    spec TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (key, backend, backend_version, device)
+)
+"""
+
+
+@dataclass(frozen=True)
+class Profile:
+    key: str
+    backend: str
+    status: str  # "ok" or "failed"
+    median_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    kernels: int | None = None
+    compile_s: float | None = None
+    reason: str | None = None
+
+    @property
+    def cost_ms(self) -> float:
+        return self.median_ms if self.status == "ok" and self.median_ms is not None else float("inf")
+
+
+def default_path() -> Path:
+    return Path(os.path.expanduser("~/.cache/korch/profiles.sqlite"))
+
+
+class ProfileDB:
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path else default_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute(SCHEMA)
+        except sqlite3.DatabaseError as e:
+            raise KorchError(f"{self.path}: not a usable profile database ({e})") from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def lookup(self, key: str, backend: str, version: str, device: str) -> Profile | None:
+        row = self.conn.execute(
+            "SELECT status, median_ms, min_ms, max_ms, kernels, compile_s, reason FROM profiles "
+            "WHERE key=? AND backend=? AND backend_version=? AND device=?",
+            (key, backend, version, device),
+        ).fetchone()
+        return None if row is None else Profile(key, backend, *row)
+
+    def spec_json(self, key: str) -> dict | None:
+        row = self.conn.execute("SELECT spec FROM profiles WHERE key=? LIMIT 1", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def store(self, profile: Profile, version: str, device: str, signature: str, spec: dict) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO profiles VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                profile.key,
+                profile.backend,
+                version,
+                device,
+                signature,
+                profile.status,
+                profile.median_ms,
+                profile.min_ms,
+                profile.max_ms,
+                profile.kernels,
+                profile.compile_s,
+                profile.reason,
+                json.dumps(spec),
+                time.time(),
+            ),
+        )
+
+    def count(self) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM profiles").fetchone()[0]
+
+    def integrity_ok(self) -> bool:
+        return self.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -1,0 +1,398 @@
+"""Profiling: compile every unique candidate with every backend that supports it, check it against
+the reference executor, time it, and keep the result in the profile database.
+
+Compilation and checking run in a pool of worker processes (a crash or a hang costs one kernel, not
+the run); timing then runs in a single worker so kernels are never timed while others compile."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+import numpy as np
+import torch
+
+from korch import check, reference
+from korch.backends import Backend, device_name
+from korch.candidates import CandidateSet
+from korch.graph_io import graph_to_json
+from korch.ir import Graph
+from korch.kernel import KernelSpec, kernel_spec
+from korch.profile_db import Profile, ProfileDB
+
+CHECK_TOLERANCE = {"float16": 1e-2}
+DEFAULT_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    device: str = "cpu"
+    jobs: int | None = None  # compile workers; default: one per core
+    time_budget: float | None = None  # seconds; later jobs are skipped (and reported)
+    compile_timeout: float = 300.0
+    time_timeout: float = 120.0
+    min_time: float = 0.05  # seconds of measured calls per kernel
+    progress: bool = True
+
+
+@dataclass
+class ProfileResult:
+    """profiles[key][backend] for every candidate key; counts of what happened."""
+
+    profiles: dict[str, dict[str, Profile]] = field(default_factory=dict)
+    specs: dict[str, KernelSpec] = field(default_factory=dict)
+    profiled: int = 0
+    cache_hits: int = 0
+    failed: int = 0
+    skipped: int = 0
+    unsupported: Counter = field(default_factory=Counter)
+    failures: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def cost(self, key: str) -> tuple[float, str | None]:
+        """(best median latency in ms, its backend); infinite when nothing ran."""
+        best = min(self.profiles.get(key, {}).values(), key=lambda p: p.cost_ms, default=None)
+        return (best.cost_ms, best.backend) if best and best.status == "ok" else (float("inf"), None)
+
+    def summary(self) -> dict:
+        return {
+            "profiled": self.profiled,
+            "cache_hits": self.cache_hits,
+            "failed": self.failed,
+            "skipped": self.skipped,
+            "failures": dict(self.failures.most_common(10)),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+# ------------------------------------------------------------------ the harness
+
+
+def example_tensors(graph: Graph, device: str, seed: int = 0) -> list[torch.Tensor]:
+    feeds = check.random_inputs(graph, seed)
+    return [torch.as_tensor(feeds[name]).to(device) for name in graph.inputs]
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+_L2_FLUSH: dict[str, torch.Tensor] = {}
+
+
+def _flush_cache(device: str) -> None:
+    """Overwrite a buffer larger than the GPU's L2 so every timed call starts cold."""
+    if device.startswith("cuda"):
+        if device not in _L2_FLUSH:
+            _L2_FLUSH[device] = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device=device)
+        _L2_FLUSH[device].zero_()
+
+
+def time_fn(fn, inputs, device: str = "cpu", min_time: float = 0.05) -> tuple[float, float, float, int]:
+    """(median, min, max) milliseconds per call and the number of samples: warm-up first, then
+    samples until `min_time` has passed (at least 5); calls shorter than 50 us are batched."""
+    for _ in range(2):
+        fn(*inputs)
+    synchronize(device)
+    start = time.perf_counter()
+    fn(*inputs)
+    synchronize(device)
+    single = max(time.perf_counter() - start, 1e-7)
+    batch = 1 if device.startswith("cuda") else max(1, int(50e-6 / single))
+    samples: list[float] = []
+    deadline = time.perf_counter() + min_time
+    while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 2000):
+        _flush_cache(device)
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            fn(*inputs)
+        synchronize(device)
+        samples.append((time.perf_counter() - t0) / batch * 1e3)
+    return statistics.median(samples), min(samples), max(samples), len(samples)
+
+
+def check_kernel(outs, want, graph: Graph) -> str | None:
+    """None when every output matches the reference within tolerance, else the reason."""
+    if len(outs) != len(graph.outputs):
+        return f"returned {len(outs)} outputs, expected {len(graph.outputs)}"
+    for got, name, v in zip(outs, graph.output_names, graph.outputs):
+        t = graph.types[v]
+        got = got.detach().cpu().numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
+        if tuple(got.shape) != t.shape or str(got.dtype) != t.dtype:
+            return f"{name}: got {got.dtype}{list(got.shape)}, expected {t}"
+        err = check.rel_err(got, want[name])
+        if not err <= CHECK_TOLERANCE.get(t.dtype, DEFAULT_TOLERANCE):
+            return f"wrong result: {name} relative error {err:.3g}"
+    return None
+
+
+def run_job(job: dict) -> dict:
+    """Compile (and, in the timing phase, time) one (key, backend) in this process."""
+    import importlib
+
+    from korch.graph_io import load_graph_json
+
+    module, _, cls = job["backend_class"].partition(":")
+    backend = getattr(importlib.import_module(module), cls)()
+    graph = load_graph_json(job["spec"])
+    spec = KernelSpec(job["key"], graph, (), ())
+    device = job["device"]
+    started = time.perf_counter()
+    try:
+        compiled = backend.compile(spec, device)
+        compile_s = time.perf_counter() - started
+        inputs = [torch.as_tensor(np.ascontiguousarray(x)).to(device) for x in job["inputs"]]
+        want = reference.run(graph, dict(zip(graph.inputs, job["inputs"])))
+        reason = check_kernel(compiled.fn(*inputs), want, graph)
+        if reason:
+            return {"status": "failed", "reason": reason, "compile_s": compile_s}
+        result = {"status": "ok", "compile_s": compile_s, "kernels": compiled.kernels}
+        if job["phase"] == "time":
+            median, lo, hi, _ = time_fn(compiled.fn, inputs, device, job["min_time"])
+            result.update(median_ms=median, min_ms=lo, max_ms=hi)
+        return result
+    except Exception as e:  # a backend that cannot compile or run this kernel: infinite cost
+        line = (str(e).strip().splitlines() or [""])[0][:240]
+        return {
+            "status": "failed",
+            "reason": f"{type(e).__name__}: {line}",
+            "compile_s": time.perf_counter() - started,
+        }
+
+
+def _worker_main(conn, threads: int) -> None:
+    torch.set_num_threads(threads)
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        try:
+            conn.send(run_job(job))
+        except Exception:
+            conn.send({"status": "failed", "reason": traceback.format_exc(limit=1)[-240:]})
+
+
+# -------------------------------------------------------------- the worker pool
+
+
+class _Pool:
+    """Worker processes with one job each at a time; a worker that dies or overruns its timeout
+    is replaced and its job recorded as failed."""
+
+    def __init__(self, size: int, threads: int):
+        self.ctx = mp.get_context("spawn")
+        self.size, self.threads = size, threads
+        self.workers: list[list] = []  # [process, connection, job, started]
+
+    def _spawn(self):
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_worker_main, args=(child, self.threads), daemon=True)
+        proc.start()
+        child.close()
+        return [proc, parent, None, 0.0]
+
+    def run(self, jobs, timeout: float, on_result, deadline: float | None):
+        pending = list(jobs)
+        pending.reverse()
+        skipped = 0
+        while len(self.workers) < min(self.size, len(pending)):
+            self.workers.append(self._spawn())
+        while pending or any(w[2] is not None for w in self.workers):
+            for w in self.workers:
+                if w[2] is None and pending:
+                    if deadline is not None and time.time() > deadline:
+                        skipped += len(pending)
+                        pending.clear()
+                        break
+                    w[2], w[3] = pending.pop(), time.time()
+                    w[1].send(w[2])
+            busy = [w for w in self.workers if w[2] is not None]
+            if not busy:
+                break
+            ready = wait([w[1] for w in busy] + [w[0].sentinel for w in busy], timeout=1.0)
+            for i, w in enumerate(self.workers):
+                if w[2] is None:
+                    continue
+                result = None
+                if w[1] in ready:
+                    try:
+                        result = w[1].recv() if w[1].poll() else None
+                    except (EOFError, OSError):
+                        result = None  # the worker died mid-message: handled below
+                if result is not None:
+                    job, w[2] = w[2], None
+                    on_result(job, result)
+                elif w[0].sentinel in ready or time.time() - w[3] > timeout:
+                    died = not w[0].is_alive()
+                    reason = (
+                        f"worker died (exit code {w[0].exitcode})"
+                        if died
+                        else f"timed out after {timeout:.0f}s"
+                    )
+                    w[0].kill()
+                    w[0].join()
+                    on_result(w[2], {"status": "failed", "reason": reason})
+                    self.workers[i] = self._spawn()
+        return skipped
+
+    def close(self):
+        for proc, conn, _, _ in self.workers:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                conn.send(None)
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+        self.workers = []
+
+
+# ------------------------------------------------------------------ orchestration
+
+
+class _Progress:
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.total, self.label, self.enabled = total, label, enabled
+        self.done, self.failed, self.start, self.last = 0, 0, time.time(), 0.0
+
+    def step(self, failed: bool) -> None:
+        self.done += 1
+        self.failed += failed
+        now = time.time()
+        if self.enabled and (now - self.last > 0.5 or self.done == self.total):
+            self.last = now
+            rate = (now - self.start) / self.done
+            eta = rate * (self.total - self.done)
+            sys.stderr.write(
+                f"\r{self.label}: {self.done}/{self.total} ({self.failed} failed), ETA {eta:5.0f}s "
+            )
+            if self.done == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _activations(graph: Graph, needed: set[str], seed: int = 0) -> dict[str, np.ndarray]:
+    """Real intermediate values (a reference run on seeded inputs): kernels are checked and timed on
+    the data they will see, not on noise that makes sqrt and log produce NaN."""
+    feeds = check.random_inputs(graph, seed)
+    env = dict(graph.constants)
+    env.update(feeds)
+    kept = {v: env[v] for v in needed if v in env}
+    with np.errstate(all="ignore"):
+        for node in graph.nodes:
+            outs = node.prim.ref([env[v] for v in node.inputs], node.a)
+            for v, r in zip(node.outputs, outs):
+                env[v] = np.asarray(r, dtype=graph.types[v].dtype)
+                if v in needed:
+                    kept[v] = env[v]
+    return kept
+
+
+def profile(
+    graph: Graph,
+    candidates: CandidateSet,
+    backends: list[Backend],
+    db: ProfileDB,
+    options: ProfileOptions = ProfileOptions(),
+) -> ProfileResult:
+    started = time.time()
+    deadline = started + options.time_budget if options.time_budget is not None else None
+    device = device_name(options.device)
+    result = ProfileResult()
+    representative = {}
+    for c in candidates.candidates:
+        representative.setdefault(c.key, c)
+    jobs = []
+    for key, cand in representative.items():
+        spec = kernel_spec(graph, cand)
+        result.specs[key] = spec
+        result.profiles[key] = {}
+        for backend in backends:
+            reason = backend.supports(spec, options.device)
+            if reason:
+                result.unsupported[reason] += 1
+                continue
+            hit = db.lookup(key, backend.name, backend.version(), device)
+            if hit is not None:
+                result.profiles[key][backend.name] = hit
+                result.cache_hits += 1
+            else:
+                jobs.append((spec, backend))
+    if not jobs:
+        result.seconds = time.time() - started
+        return result
+    values = _activations(graph, {v for spec, _ in jobs for v in spec.inputs})
+
+    def make_job(spec: KernelSpec, backend: Backend, phase: str) -> dict:
+        doc, _ = graph_to_json(spec.graph)
+        cls = type(backend)
+        return {
+            "key": spec.key,
+            "backend": backend.name,
+            "backend_class": f"{cls.__module__}:{cls.__qualname__}",
+            "spec": doc,
+            "device": options.device,
+            "inputs": [values[v] for v in spec.inputs],
+            "phase": phase,
+            "min_time": options.min_time,
+        }
+
+    by_id = {(s.key, b.name): (s, b) for s, b in jobs}
+
+    def record(job: dict, outcome: dict, progress: _Progress, final: bool) -> None:
+        spec, backend = by_id[(job["key"], job["backend"])]
+        failed = outcome["status"] != "ok"
+        progress.step(failed)
+        if not failed and not final:
+            timing.append(make_job(spec, backend, "time"))
+            return
+        prof = Profile(
+            spec.key,
+            backend.name,
+            outcome["status"],
+            outcome.get("median_ms"),
+            outcome.get("min_ms"),
+            outcome.get("max_ms"),
+            outcome.get("kernels"),
+            outcome.get("compile_s"),
+            outcome.get("reason"),
+        )
+        db.store(prof, backend.version(), device, spec.signature, job["spec"])
+        result.profiles[spec.key][backend.name] = prof
+        result.profiled += 1
+        if failed:
+            result.failed += 1
+            result.failures[f"{backend.name}: {(prof.reason or '')[:60]}"] += 1
+
+    timing: list[dict] = []
+    cores = os.cpu_count() or 1
+    workers = options.jobs or cores
+    compile_pool = _Pool(workers, threads=max(1, cores // workers))
+    progress = _Progress(len(jobs), "compiling", options.progress)
+    try:
+        result.skipped += compile_pool.run(
+            [make_job(s, b, "compile") for s, b in jobs],
+            options.compile_timeout,
+            lambda j, o: record(j, o, progress, final=False),
+            deadline,
+        )
+    finally:
+        compile_pool.close()
+    timer = _Pool(1, threads=torch.get_num_threads())
+    progress = _Progress(len(timing), "timing", options.progress)
+    try:
+        result.skipped += timer.run(
+            timing, options.time_timeout, lambda j, o: record(j, o, progress, final=True), deadline
+        )
+    finally:
+        timer.close()
+    result.seconds = time.time() - started
+    return result

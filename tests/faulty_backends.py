@@ -1,0 +1,52 @@
+"""Backends that misbehave on purpose, imported by profiling workers in tests."""
+
+import os
+import signal
+import time
+
+import torch
+
+from korch.backends import Backend, CompiledKernel
+
+
+class _Faulty(Backend):
+    selectable = False
+
+    def version(self) -> str:
+        return "test-1"
+
+    def supports(self, spec, device):
+        return None
+
+
+class SegfaultBackend(_Faulty):
+    name = "segfault"
+
+    def compile(self, spec, device):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class HangBackend(_Faulty):
+    name = "hang"
+
+    def compile(self, spec, device):
+        time.sleep(3600)
+
+
+class WrongBackend(_Faulty):
+    name = "wrong"
+
+    def compile(self, spec, device):
+        types = [spec.graph.types[v] for v in spec.graph.outputs]
+
+        def fn(*inputs):
+            return [torch.full(t.shape, 3.0) for t in types]
+
+        return CompiledKernel(fn)
+
+
+class RaiseBackend(_Faulty):
+    name = "raise"
+
+    def compile(self, spec, device):
+        raise RuntimeError("no kernel for you")

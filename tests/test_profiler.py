@@ -1,0 +1,128 @@
+"""The profiling harness and the profile database: isolation of faulty kernels, caching, crashes."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import torch
+from faulty_backends import HangBackend, RaiseBackend, SegfaultBackend, WrongBackend
+from helpers import Const, one_node_model, rand
+
+import korch
+from korch.backends import get_backends
+from korch.candidates import CandidateOptions, enumerate_candidates
+from korch.profile_db import ProfileDB
+from korch.profiler import ProfileOptions, profile, time_fn
+
+FAST = ProfileOptions(min_time=0.002, progress=False, compile_timeout=20, time_timeout=20)
+
+
+def _small_graph():
+    model, _ = one_node_model(
+        "LayerNormalization", [rand(2, 4, 8), Const(rand(8, seed=1)), Const(rand(8, seed=2))]
+    )
+    return korch.fission(model).graph
+
+
+def test_time_fn_reports_sane_statistics():
+    a = torch.randn(64, 64)
+    median, lo, hi, n = time_fn(lambda x: [x @ x], [a], "cpu", min_time=0.01)
+    assert 0 < lo <= median <= hi and n >= 5
+
+
+def test_faulty_kernels_are_recorded_and_the_run_survives(tmp_path):
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=1))
+    cands.candidates = cands.candidates[:2]
+    db = ProfileDB(tmp_path / "p.sqlite")
+    backends = [SegfaultBackend(), HangBackend(), WrongBackend(), RaiseBackend()] + get_backends(
+        ["onnxruntime"]
+    )
+    opts = ProfileOptions(min_time=0.002, progress=False, compile_timeout=8, jobs=2)
+    result = profile(graph, cands, backends, db, opts)
+    for key in {c.key for c in cands.candidates}:
+        got = result.profiles[key]
+        assert got["onnxruntime"].status == "ok" and got["onnxruntime"].median_ms > 0
+        assert "died" in got["segfault"].reason or "timed out" in got["segfault"].reason
+        assert "timed out" in got["hang"].reason
+        assert "wrong result" in got["wrong"].reason
+        assert "no kernel for you" in got["raise"].reason
+        assert all(p.cost_ms == float("inf") for name, p in got.items() if name != "onnxruntime")
+    assert db.integrity_ok()
+
+
+def test_second_run_hits_the_cache(tmp_path):
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=3))
+    backends = get_backends(["onnxruntime", "vendor"])
+    first = profile(graph, cands, backends, ProfileDB(tmp_path / "p.sqlite"), FAST)
+    assert first.profiled > 0 and first.cache_hits == 0
+    second = profile(graph, cands, backends, ProfileDB(tmp_path / "p.sqlite"), FAST)
+    assert second.profiled == 0 and second.cache_hits == first.profiled
+    for key, per_backend in first.profiles.items():
+        assert {b: p.median_ms for b, p in per_backend.items()} == {
+            b: p.median_ms for b, p in second.profiles[key].items()
+        }
+
+
+def test_time_budget_skips_and_reports(tmp_path):
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
+    opts = ProfileOptions(min_time=0.002, progress=False, time_budget=0.0)
+    result = profile(graph, cands, get_backends(["onnxruntime"]), ProfileDB(tmp_path / "p.sqlite"), opts)
+    assert result.profiled == 0 and result.skipped == cands.unique_keys
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import korch
+    from korch.backends import get_backends
+    from korch.candidates import CandidateOptions, enumerate_candidates
+    from korch.profile_db import ProfileDB
+    from korch.profiler import ProfileOptions, profile
+    if __name__ == "__main__":
+        graph = korch.fission(sys.argv[1]).graph
+        cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
+        profile(graph, cands, get_backends(["onnxruntime"]), ProfileDB(sys.argv[2]),
+                ProfileOptions(min_time=0.02, progress=False, jobs=1))
+""")
+
+
+def test_sigkill_leaves_the_database_intact_and_resumable(tmp_path):
+    import onnx
+
+    model, _ = one_node_model(
+        "LayerNormalization", [rand(4, 16, 32), Const(rand(32, seed=1)), Const(rand(32, seed=2))]
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    (tmp_path / "run.py").write_text(SCRIPT)
+    db_path = tmp_path / "p.sqlite"
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "run.py"), str(tmp_path / "m.onnx"), str(db_path)],
+        start_new_session=True,
+    )
+    deadline = time.time() + 120
+    rows = 0
+    while time.time() < deadline and rows < 5:
+        time.sleep(0.2)
+        if db_path.exists():
+            try:
+                rows = ProfileDB(db_path).count()
+            except Exception:
+                rows = 0
+    assert proc.poll() is None, "finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and its workers
+    proc.wait()
+    db = ProfileDB(db_path)
+    assert db.integrity_ok()
+    done = db.count()
+    assert done >= 5
+    graph = korch.fission(tmp_path / "m.onnx").graph
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
+    result = profile(graph, cands, get_backends(["onnxruntime"]), db, FAST)
+    assert result.cache_hits == done
+    assert result.cache_hits + result.profiled == cands.unique_keys
+    assert all(p["onnxruntime"].status == "ok" for p in result.profiles.values())
