@@ -34,7 +34,26 @@ def check_fission(result: FissionResult, seed: int = 0) -> float:
     return check.compare_outputs(got, want)
 
 
+def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, **options):
+    """Optimize an ONNX model (path or ModelProto) into a runnable, saveable Plan."""
+    from korch.optimize import OptimizeOptions
+    from korch.optimize import optimize as _optimize
+
+    if example_inputs is not None:
+        raise KorchError("PyTorch modules are not supported yet; export to ONNX first")
+    return _optimize(model, shapes=shapes, options=OptimizeOptions(device=device, **options))
+
+
+def load(directory):
+    """Load a plan written by Plan.save or `korch optimize`."""
+    from korch.plan import Plan
+
+    return Plan.load(directory)
+
+
 __all__ = [
+    "load",
+    "optimize",
     "CheckFailed",
     "FissionResult",
     "Graph",

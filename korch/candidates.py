@@ -38,6 +38,7 @@ class Candidate:
     outputs: tuple[str, ...]
     key: str
     partition: int
+    seed: bool = False  # a whole partition offered as one kernel (not size-bounded or legality-checked)
 
 
 @dataclass
@@ -264,7 +265,9 @@ def is_convex(graph: Graph, nodes) -> bool:
 __all__ = ["Candidate", "CandidateOptions", "CandidateSet", "enumerate_candidates", "is_convex"]
 
 
-def make_candidate(graph: Graph, nodes, partition: int = -1, keys: _KeyMaker | None = None) -> Candidate:
+def make_candidate(
+    graph: Graph, nodes, partition: int = -1, keys: _KeyMaker | None = None, seed: bool = False
+) -> Candidate:
     """A candidate for any set of nodes (no legality or convexity check): used for seeds and tests."""
     nodes = tuple(sorted(nodes))
     members = set(nodes)
@@ -278,4 +281,4 @@ def make_candidate(graph: Graph, nodes, partition: int = -1, keys: _KeyMaker | N
         if v in outputs or any(index[c.outputs[0]] not in members for c in readers.get(v, []))
     )
     key, inputs = (keys or _KeyMaker(graph)).key(nodes, written)
-    return Candidate(nodes, inputs, written, key, partition)
+    return Candidate(nodes, inputs, written, key, partition, seed)

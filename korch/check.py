@@ -22,18 +22,29 @@ def _index_bound(graph: Graph, name: str) -> int:
     return 2 if bound is None else max(bound, 1)
 
 
-def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+def random_feeds(types, bounds: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs for (name, TensorType) pairs: normal floats, random bools, integers in
+    [0, bounds.get(name, 2))."""
     rng = np.random.default_rng(seed)
     feeds = {}
-    for name in graph.inputs:
-        t = graph.types[name]
+    for name, t in types:
         if t.dtype == "bool":
             feeds[name] = rng.random(t.shape) < 0.5
         elif t.dtype.startswith(("int", "uint")):
-            feeds[name] = rng.integers(0, _index_bound(graph, name), t.shape).astype(t.dtype)
+            feeds[name] = rng.integers(0, bounds.get(name, 2), t.shape).astype(t.dtype)
         else:
             feeds[name] = rng.standard_normal(t.shape).astype(t.dtype)
     return feeds
+
+
+def input_bounds(graph: Graph) -> dict[str, int]:
+    return {
+        v: _index_bound(graph, v) for v in graph.inputs if graph.types[v].dtype.startswith(("int", "uint"))
+    }
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    return random_feeds([(v, graph.types[v]) for v in graph.inputs], input_bounds(graph), seed)
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

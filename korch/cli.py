@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import traceback
+from collections import Counter
 
 from korch.errors import CheckFailed, KorchError
 
@@ -107,6 +108,113 @@ def cmd_candidates(args) -> int:
     return 0
 
 
+def _cache_path(args):
+    return args.cache or os.environ.get("KORCH_CACHE") or None
+
+
+def cmd_optimize(args) -> int:
+    from korch.optimize import OptimizeOptions, optimize
+
+    if args.time_budget is not None and args.time_budget < 0:
+        raise KorchError("--time-budget must not be negative")
+    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip()) if args.backends else None
+    options = OptimizeOptions(
+        device=args.device,
+        backends=backends,
+        cache=_cache_path(args),
+        time_budget=args.time_budget,
+        max_size=args.max_size,
+        jobs=args.jobs,
+        progress=not args.quiet,
+        seeds=not args.no_seeds,
+    )
+    _check_device(args.device)
+    plan = optimize(args.model, shapes=dict(args.shape or []), options=options, strict=args.strict)
+    plan.save(args.output)
+    meta = plan.meta
+    payload = {
+        "kernels": len(plan.kernels),
+        "predicted_ms": round(plan.predicted_ms, 6),
+        "solver": meta["solver"],
+        "profiled": meta["profiling"]["profiled"],
+        "cache_hits": meta["profiling"]["cache_hits"],
+        "seconds": meta["seconds"],
+        "skipped": meta["profiling"]["skipped"],
+        "failed": meta["profiling"]["failed"],
+        "greedy_ms": round(meta["greedy_ms"], 6),
+        "greedy_kernels": meta["greedy_kernels"],
+        "backends": dict(Counter(k.backend for k in plan.kernels)),
+        "plan": str(args.output),
+    }
+    solver = meta["solver"]
+    backends_used = ", ".join(f"{k} {v}" for k, v in payload["backends"].items())
+    human = (
+        f"{args.model}: {payload['kernels']} kernels, predicted {plan.predicted_ms:.3f} ms "
+        f"(greedy fusion {meta['greedy_ms']:.3f} ms in {meta['greedy_kernels']} kernels)\n"
+        f"solver: {solver['status']}, gap {solver['gap']:g}, {solver['seconds']:.2f}s; "
+        f"profiled {payload['profiled']}, cache hits {payload['cache_hits']}, "
+        f"failed {payload['failed']}, skipped {payload['skipped']}\n"
+        f"backends: {backends_used}\nplan written to {args.output}"
+    )
+    if payload["skipped"]:
+        _log(args, f"warning: {payload['skipped']} kernels were not profiled within --time-budget")
+    _emit(args, payload, human)
+    return 0
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise KorchError(f"--device must be cpu or cuda, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise KorchError("--device cuda: no CUDA device is available")
+
+
+def _load_plan(path):
+    from korch.plan import Plan
+
+    return Plan.load(path)
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    plan = _load_plan(args.plan)
+    if args.inputs:
+        try:
+            with np.load(args.inputs) as data:
+                feeds = {k: data[k] for k in data.files}
+        except (OSError, ValueError) as e:
+            raise KorchError(f"{args.inputs}: cannot read inputs ({e})") from None
+    else:
+        feeds = plan.random_inputs(args.seed)
+    outs = plan.run(feeds)
+    if args.output:
+        np.savez(args.output, **outs)
+    payload = {
+        "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outs.items()},
+        "written": args.output,
+    }
+    human = "\n".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in outs.items())
+    _emit(args, payload, human)
+    return 0
+
+
+def cmd_verify(args) -> int:
+    plan = _load_plan(args.plan)
+    err = plan.verify(args.seed)
+    ok = bool(err <= args.tolerance)
+    _emit(
+        args,
+        {"max_rel_err": err, "ok": ok},
+        f"max relative error vs ONNX Runtime: {err:.3g} ({'ok' if ok else 'FAILED'})",
+    )
+    if not ok:
+        raise CheckFailed(f"max relative error {err:.3g} exceeds {args.tolerance:g}")
+    return 0
+
+
 def cmd_zoo(args) -> int:
     from korch import zoo
 
@@ -163,6 +271,35 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--max-size", type=int, default=12, help="primitives per candidate, broadcasts free")
     p.set_defaults(func=cmd_candidates)
+
+    p = sub.add_parser("optimize", help="fission, candidates, profiling, selection: write a plan")
+    _model_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="PLAN_DIR", help="where to write the plan")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--backends", help="comma-separated backends (default: inductor,vendor,onnxruntime)")
+    p.add_argument(
+        "--cache", help="profile database (default $KORCH_CACHE or ~/.cache/korch/profiles.sqlite)"
+    )
+    p.add_argument("--time-budget", type=float, help="seconds of profiling; the rest is skipped")
+    p.add_argument("--max-size", type=int, default=12, help="primitives per candidate, broadcasts free")
+    p.add_argument("--jobs", type=int, help="compile workers (default: one per core)")
+    p.add_argument("--no-seeds", action="store_true", help="no whole-partition peer candidates")
+    p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("run", help="run a plan")
+    p.add_argument("plan", metavar="PLAN_DIR")
+    p.add_argument("--inputs", help="inputs as .npz (default: seeded random inputs)")
+    p.add_argument("--output", help="write the outputs as .npz")
+    p.add_argument("--seed", type=int, default=0)
+    _output_args(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("verify", help="run a plan and ONNX Runtime on the same inputs and compare")
+    p.add_argument("plan", metavar="PLAN_DIR")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tolerance", type=float, default=1e-4, help="largest relative error accepted")
+    _output_args(p)
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("zoo", help="build the bundled model zoo as ONNX files (random weights)")
     p.add_argument("names", nargs="*", help="models to build (default: all)")

@@ -10,8 +10,8 @@ from korch.prims import Kind
 
 @dataclass(frozen=True)
 class PartitionOptions:
-    min_nodes: int = 16  # a region is at least this long unless the graph ends
-    max_nodes: int = 160  # past this a region is cut at the narrowest place available
+    min_nodes: int = 24  # a region is at least this long unless the graph ends
+    max_nodes: int = 96  # past this a region is cut at the narrowest place available
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,9 @@ def _cheap_cut(graph: Graph, crossing: tuple[str, ...], consumers) -> bool:
 
 
 def partition(graph: Graph, options: PartitionOptions = PartitionOptions()) -> list[Partition]:
-    """Greedy left to right: end each region at the last cheap cut within the size window, or at
-    the narrowest cut when the window has none."""
+    """Greedy left to right: end each region at the first cheap cut once it has min_nodes (small
+    regions keep the selection programs small), or at the narrowest cut in the window when the
+    window has no cheap cut."""
     n = len(graph.nodes)
     if n == 0:
         return []
@@ -74,7 +75,7 @@ def partition(graph: Graph, options: PartitionOptions = PartitionOptions()) -> l
         else:
             window = range(start + options.min_nodes, min(start + options.max_nodes, n))
             cheap = [p for p in window if _cheap_cut(graph, live[p - 1], consumers)]
-            stop = cheap[-1] if cheap else min(window, key=lambda p: (len(live[p - 1]), -p))
+            stop = cheap[0] if cheap else min(window, key=lambda p: (len(live[p - 1]), -p))
         parts.append(Partition(len(parts), start, stop, live[stop - 1] if stop < n else ()))
         start = stop
     return parts

@@ -1,0 +1,205 @@
+"""The executable plan: chosen kernels in order, buffer lifetimes, weights and provenance; saved
+as a self-contained directory (written to a temporary name, then renamed) and loaded back."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from korch.errors import KorchError
+from korch.graph_io import graph_to_json, load_graph_json
+from korch.ir import Graph
+from korch.kernel import KernelSpec
+from korch.prims import TensorType
+
+FORMAT = "korch.plan/1"
+
+
+@dataclass
+class PlanKernel:
+    backend: str
+    spec: KernelSpec  # spec.inputs / spec.outputs name values of the model graph
+    cost_ms: float
+    nodes: tuple[int, ...] = ()  # primitive indices in the model graph, for reports
+    free_after: tuple[str, ...] = ()  # values no later kernel reads: released after this kernel
+
+
+@dataclass
+class Plan:
+    inputs: list[tuple[str, TensorType]]
+    outputs: list[tuple[str, str]]  # (value, output name)
+    kernels: list[PlanKernel]
+    weights: dict[str, np.ndarray]  # constants the kernels read, by value name
+    device: str = "cpu"
+    predicted_ms: float = 0.0
+    meta: dict = field(default_factory=dict)
+    model: object = field(default=None, repr=False)  # the pinned ONNX model, for `korch verify`
+    _executable: object = field(default=None, repr=False)
+
+    # -------------------------------------------------------------- execution
+    def executable(self):
+        if self._executable is None:
+            from korch.runtime import Executable
+
+            self._executable = Executable(self)
+        return self._executable
+
+    def __call__(self, *inputs, **named):
+        return self.executable()(*inputs, **named)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.executable().run_numpy(feeds)
+
+    # ------------------------------------------------------------ persistence
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write the plan atomically: a half-written directory is never loadable as a plan."""
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp"))
+        try:
+            np.savez(tmp / "weights.npz", **{f"w{i}": a for i, a in enumerate(self.weights.values())})
+            doc = {
+                "format": FORMAT,
+                "device": self.device,
+                "predicted_ms": self.predicted_ms,
+                "meta": self.meta,
+                "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in self.inputs],
+                "outputs": [{"value": v, "name": n} for v, n in self.outputs],
+                "weights": {name: f"w{i}" for i, name in enumerate(self.weights)},
+                "kernels": [_kernel_to_json(k) for k in self.kernels],
+            }
+            if self.model is not None:
+                import onnx
+
+                onnx.save(self.model, str(tmp / "model.onnx"))
+            (tmp / "plan.json").write_text(json.dumps(doc, indent=1))
+            if directory.exists():
+                if not (directory / "plan.json").exists() and any(directory.iterdir()):
+                    raise KorchError(f"{directory} exists and is not a plan directory; not overwriting it")
+                old = directory.with_name(f".{directory.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(directory, old)
+                os.replace(tmp, directory)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, directory)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return directory
+
+    @staticmethod
+    def load(directory: str | os.PathLike) -> Plan:
+        directory = Path(directory)
+        try:
+            doc = json.loads((directory / "plan.json").read_text())
+        except FileNotFoundError:
+            raise KorchError(f"{directory}: not a plan directory (no plan.json)") from None
+        except (OSError, ValueError) as e:
+            raise KorchError(f"{directory}: unreadable plan ({e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise KorchError(f"{directory}: not a korch plan (format {doc.get('format')!r})")
+        try:
+            arrays = np.load(directory / "weights.npz")
+            weights = {name: np.asarray(arrays[key]) for name, key in doc["weights"].items()}
+            kernels = [_kernel_from_json(k) for k in doc["kernels"]]
+            inputs = [(i["name"], TensorType(tuple(i["shape"]), i["dtype"])) for i in doc["inputs"]]
+            outputs = [(o["value"], o["name"]) for o in doc["outputs"]]
+        except KorchError:
+            raise
+        except Exception as e:
+            raise KorchError(f"{directory}: corrupt plan ({type(e).__name__}: {e})") from None
+        plan = Plan(
+            inputs, outputs, kernels, weights, doc["device"], doc["predicted_ms"], doc.get("meta", {})
+        )
+        if (directory / "model.onnx").exists():
+            import onnx
+
+            plan.model = onnx.load(str(directory / "model.onnx"))
+        return plan
+
+    # ------------------------------------------------------------- checking
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Seeded inputs like `korch fission --check` uses (integer inputs inside gather ranges)."""
+        from korch import check
+
+        return check.random_feeds(self.inputs, self.meta.get("input_bounds", {}), seed)
+
+    def verify(self, seed: int = 0) -> float:
+        """Largest relative error of the plan against ONNX Runtime on the original model."""
+        from korch import check
+
+        if self.model is None:
+            raise KorchError("this plan has no source model to verify against")
+        feeds = self.random_inputs(seed)
+        want = check.onnxruntime_outputs(self.model, feeds)
+        return check.compare_outputs(self.run(feeds), want)
+
+
+def _kernel_to_json(k: PlanKernel) -> dict:
+    doc, big = graph_to_json(k.spec.graph)
+    if big:
+        raise KorchError("internal: kernel graphs carry only small constants")
+    return {
+        "backend": k.backend,
+        "key": k.spec.key,
+        "graph": doc,
+        "inputs": list(k.spec.inputs),
+        "outputs": list(k.spec.outputs),
+        "cost_ms": k.cost_ms,
+        "nodes": list(k.nodes),
+        "free_after": list(k.free_after),
+    }
+
+
+def _kernel_from_json(d: dict) -> PlanKernel:
+    spec = KernelSpec(d["key"], load_graph_json(d["graph"]), tuple(d["inputs"]), tuple(d["outputs"]))
+    return PlanKernel(d["backend"], spec, d["cost_ms"], tuple(d["nodes"]), tuple(d["free_after"]))
+
+
+def lifetimes(kernels: list[PlanKernel], outputs: list[str]) -> None:
+    """Set each kernel's free_after: the values it is the last reader (or writer) of."""
+    keep = set(outputs)
+    last: dict[str, int] = {}
+    for i, k in enumerate(kernels):
+        for v in (*k.spec.inputs, *k.spec.outputs):
+            last[v] = i
+    for i, k in enumerate(kernels):
+        k.free_after = tuple(
+            sorted(v for v in {*k.spec.inputs, *k.spec.outputs} if last[v] == i and v not in keep)
+        )
+
+
+def build_plan(graph: Graph, solution, device: str, meta: dict) -> Plan:
+    from korch.kernel import kernel_spec
+
+    kernels = [
+        PlanKernel(
+            choice.backend, kernel_spec(graph, choice.candidate), choice.cost_ms, choice.candidate.nodes
+        )
+        for choice in solution.chosen
+    ]
+    lifetimes(kernels, list(graph.outputs))
+    weights = {
+        v: np.asarray(graph.constants[v]) for k in kernels for v in k.spec.inputs if v in graph.constants
+    }
+    for v in graph.outputs:  # outputs that are plain constants
+        if v in graph.constants:
+            weights[v] = np.asarray(graph.constants[v])
+    meta = dict(meta)
+    meta.setdefault("python", platform.python_version())
+    return Plan(
+        inputs=[(v, graph.types[v]) for v in graph.inputs],
+        outputs=list(zip(graph.outputs, graph.output_names)),
+        kernels=kernels,
+        weights=weights,
+        device=device,
+        predicted_ms=sum(k.cost_ms for k in kernels),
+        meta=meta,
+    )

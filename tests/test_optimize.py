@@ -1,0 +1,200 @@
+"""The whole pipeline on small models: optimize, verify against ONNX Runtime, save, load, run."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+import korch
+from korch.errors import KorchError
+from korch.optimize import OptimizeOptions, optimize
+from korch.plan import Plan
+
+FAST = dict(backends=("onnxruntime", "vendor"), min_time=0.002, progress=False)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.ln = torch.nn.LayerNorm(8)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        t = self.ln(y.flatten(2).transpose(1, 2))
+        return torch.softmax(self.fc(t), -1) + t
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("m") / "block.onnx"
+    torch.manual_seed(0)
+    with torch.no_grad():
+        torch.onnx.export(
+            Block().eval(),
+            (torch.randn(1, 3, 6, 6),),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=["x"],
+            output_names=["y"],
+        )
+    return path
+
+
+def test_optimize_verify_save_load(model_path, tmp_path):
+    plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
+    assert plan.verify() <= 1e-4
+    assert plan.predicted_ms > 0 and plan.meta["solver"]["status"] == "optimal"
+    assert plan.meta["greedy_ms"] >= plan.predicted_ms - 1e-9
+    covered = {i for k in plan.kernels for i in k.nodes}
+    assert covered == set(range(plan.meta["fission"]["primitives"]))
+    plan.save(tmp_path / "plan")
+    x = np.random.default_rng(1).standard_normal((1, 3, 6, 6)).astype("float32")
+    want = plan(x)[0]
+    # a fresh process: no profiling, no solving
+    code = (
+        "import sys, numpy as np, korch\n"
+        "p = korch.load(sys.argv[1]); x = np.load(sys.argv[2])\n"
+        "np.save(sys.argv[3], p(x)[0])\n"
+    )
+    np.save(tmp_path / "x.npy", x)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(tmp_path / "plan"),
+            str(tmp_path / "x.npy"),
+            str(tmp_path / "y.npy"),
+        ],
+        check=True,
+    )
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), want)
+    # torch in, torch out
+    out = korch.load(tmp_path / "plan")(torch.from_numpy(x))[0]
+    assert isinstance(out, torch.Tensor)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+
+
+def test_second_optimize_uses_the_cache(model_path, tmp_path):
+    options = OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST)
+    first = optimize(model_path, options=options)
+    second = optimize(model_path, options=options)
+    assert first.meta["profiling"]["profiled"] > 0
+    assert second.meta["profiling"]["profiled"] == 0
+    assert second.meta["profiling"]["cache_hits"] == first.meta["profiling"]["profiled"]
+    assert [k.spec.key for k in first.kernels] == [k.spec.key for k in second.kernels]
+
+
+def test_plan_rejects_wrong_inputs(model_path, tmp_path):
+    plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
+    with pytest.raises(KorchError, match="wants"):
+        plan(np.zeros((1, 3, 5, 5), "float32"))
+    with pytest.raises(KorchError, match="missing"):
+        plan()
+
+
+def test_half_written_or_foreign_directories_are_not_plans(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(KorchError, match="not a plan directory"):
+        Plan.load(tmp_path / "empty")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "plan.json").write_text('{"format": "other"}')
+    with pytest.raises(KorchError, match="not a korch plan"):
+        Plan.load(tmp_path / "bad")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    plan = Plan([], [], [], {})
+    with pytest.raises(KorchError, match="not overwriting"):
+        plan.save(tmp_path / "other")
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def run_cli(*args, env=None):
+    proc = subprocess.run(
+        [sys.executable, "-m", "korch.cli", *map(str, args)], capture_output=True, text=True, env=env
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_cli_optimize_run_verify(model_path, tmp_path):
+    plan_dir = tmp_path / "plan"
+    code, out, err = run_cli(
+        "optimize",
+        model_path,
+        "-o",
+        plan_dir,
+        "--backends",
+        "onnxruntime,vendor",
+        "--cache",
+        tmp_path / "c.sqlite",
+        "--json",
+        "--quiet",
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    for key in ("kernels", "predicted_ms", "solver", "profiled", "cache_hits", "seconds"):
+        assert key in doc
+    assert doc["solver"]["status"] == "optimal" and doc["solver"]["gap"] == 0
+    code, out, err = run_cli("verify", plan_dir, "--json")
+    assert code == 0, err
+    assert json.loads(out)["ok"] is True
+    x = np.random.default_rng(2).standard_normal((1, 3, 6, 6)).astype("float32")
+    np.savez(tmp_path / "in.npz", x=x)
+    code, out, err = run_cli(
+        "run", plan_dir, "--inputs", tmp_path / "in.npz", "--output", tmp_path / "out.npz"
+    )
+    assert code == 0, err
+    import onnxruntime as ort
+
+    want = ort.InferenceSession(str(model_path)).run(None, {"x": x})[0]
+    got = np.load(tmp_path / "out.npz")["y"]
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["verify", "/nonexistent/plan"], "not a plan directory"),
+        (["run", "/nonexistent/plan"], "not a plan directory"),
+        (["optimize", "/nonexistent.onnx", "-o", "/tmp/x"], "no such file"),
+        (["optimize", "MODEL", "-o", "PLAN", "--backends", "nope"], "unknown backends"),
+        (["optimize", "MODEL", "-o", "PLAN", "--device", "tpu"], "--device"),
+    ],
+)
+def test_cli_bad_input(args, match, model_path, tmp_path):
+    args = [str(model_path) if a == "MODEL" else str(tmp_path / "p") if a == "PLAN" else a for a in args]
+    code, out, err = run_cli(*args)
+    assert code == 2 and "Traceback" not in err and match in err, err
+
+
+def test_opaque_operators_run_in_the_plan(tmp_path):
+    from helpers import one_node_model, rand
+
+    model, feeds = one_node_model("Einsum", [rand(4, 4)], {"equation": "ii->i"}, opset=12)
+    plan = optimize(model, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
+    assert plan.verify() <= 1e-4
+    assert [k.backend for k in plan.kernels] == ["onnxruntime"]
+
+
+def test_graph_output_that_is_an_input(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", 1, [2, 3])],
+        [helper.make_tensor_value_info("y", 1, [2, 3]), helper.make_tensor_value_info("x", 1, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    plan = optimize(model, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
+    x = np.arange(6, dtype="float32").reshape(2, 3) - 3
+    y, same = plan(x)
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    np.testing.assert_array_equal(same, x)
