@@ -22,6 +22,7 @@ import torch
 
 from korch import check, reference
 from korch.backends import Backend, device_name
+from korch.backends.torch_ops import to_tensor
 from korch.candidates import CandidateSet
 from korch.graph_io import graph_to_json
 from korch.ir import Graph
@@ -151,7 +152,7 @@ def run_job(job: dict) -> dict:
     try:
         compiled = backend.compile(spec, device)
         compile_s = time.perf_counter() - started
-        inputs = [torch.as_tensor(np.ascontiguousarray(x)).to(device) for x in job["inputs"]]
+        inputs = [to_tensor(x, device) for x in job["inputs"]]
         want = reference.run(graph, dict(zip(graph.inputs, job["inputs"])))
         reason = check_kernel(compiled.fn(*inputs), want, graph)
         if reason:
@@ -267,15 +268,13 @@ class _Progress:
         self.done += 1
         self.failed += failed
         now = time.time()
-        if self.enabled and (now - self.last > 0.5 or self.done == self.total):
+        tty = sys.stderr.isatty()
+        if self.enabled and (now - self.last > (0.5 if tty else 15) or self.done == self.total):
             self.last = now
-            rate = (now - self.start) / self.done
-            eta = rate * (self.total - self.done)
-            sys.stderr.write(
-                f"\r{self.label}: {self.done}/{self.total} ({self.failed} failed), ETA {eta:5.0f}s "
-            )
-            if self.done == self.total:
-                sys.stderr.write("\n")
+            eta = (now - self.start) / self.done * (self.total - self.done)
+            line = f"{self.label}: {self.done}/{self.total} ({self.failed} failed), ETA {eta:5.0f}s"
+            end = "\n" if self.done == self.total or not tty else ""
+            sys.stderr.write(("\r" if tty else "") + line + " " + end)
             sys.stderr.flush()
 
 

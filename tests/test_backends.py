@@ -10,6 +10,7 @@ from korch import reference
 from korch.backends import get_backends
 from korch.backends.inductor import InductorBackend
 from korch.backends.onnxrt import OnnxRuntimeBackend
+from korch.backends.torch_ops import to_tensor
 from korch.backends.vendor import VendorBackend
 from korch.candidates import make_candidate
 from korch.kernel import kernel_spec
@@ -72,6 +73,7 @@ CASES = {
     ),
     "pad_edge": ("Pad", [rand(2, 5, 6), Const(np.array([0, 1, 2, 0, 2, 1], "int64"))], {"mode": "edge"}, 13),
     "gather": ("Gather", [Const(rand(10, 4)), np.array([[1, 9], [0, -3]], "int64")], {"axis": 0}, 13),
+    "gather_scalar": ("Gather", [rand(3, 4, 5), Const(np.array(1, "int64"))], {"axis": 0}, 13),
     "resize": (
         "Resize",
         [rand(1, 2, 4, 5), None, Const(np.array([1, 1, 2, 1.5], "float32"))],
@@ -116,7 +118,7 @@ def test_backend_matches_reference(case, backend):
         assert backend != "onnxruntime" or "window" in reason, reason
         return
     compiled = b.compile(spec, "cpu")
-    outs = compiled.fn(*[torch.as_tensor(np.ascontiguousarray(x)) for x in inputs])
+    outs = compiled.fn(*[to_tensor(x) for x in inputs])
     assert check_kernel(outs, want, spec.graph) is None
     assert compiled.kernels >= 1
 

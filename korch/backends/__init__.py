@@ -34,6 +34,18 @@ class Backend:
         raise NotImplementedError
 
 
+def source_digest(*modules) -> str:
+    """A short hash of the modules' source: part of a backend's version, so that changing how korch
+    lowers or runs kernels invalidates the profiles (and cached failures) measured before."""
+    import hashlib
+    import inspect
+
+    h = hashlib.sha256()
+    for module in modules:
+        h.update(inspect.getsource(module).encode())
+    return h.hexdigest()[:8]
+
+
 def all_backends() -> dict[str, Backend]:
     from korch.backends.inductor import InductorBackend
     from korch.backends.onnxrt import OnnxRuntimeBackend

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import torch
 
-from korch.backends import Backend, CompiledKernel
+from korch.backends import Backend, CompiledKernel, source_digest, torch_ops
 from korch.backends.torch_ops import graph_function
 from korch.kernel import KernelSpec
 from korch.prims import Prim
@@ -29,7 +30,7 @@ class InductorBackend(Backend):
     name = "inductor"
 
     def version(self) -> str:
-        return f"torch-{torch.__version__}"
+        return f"torch-{torch.__version__}+{source_digest(sys.modules[__name__], torch_ops)}"
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         if any(n.prim is Prim.OPAQUE for n in spec.graph.nodes):
@@ -53,6 +54,7 @@ class InductorBackend(Backend):
         kernels = count_launches(getattr(compiled, "source_code", "") or "")
 
         def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
-            return list(compiled(*inputs))
+            # compiled for dense inputs; another kernel may hand over a strided view
+            return list(compiled(*[x if x.is_contiguous() else x.contiguous() for x in inputs]))
 
         return CompiledKernel(fn, kernels)

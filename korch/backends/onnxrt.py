@@ -4,12 +4,14 @@ matmul become candidates too."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from korch.backends import Backend, CompiledKernel
+from korch.backends import Backend, CompiledKernel, source_digest
 from korch.frontend.onnx_types import to_onnx_dtype
 from korch.ir import Graph
 from korch.kernel import KernelSpec
@@ -201,7 +203,7 @@ class OnnxRuntimeBackend(Backend):
     def version(self) -> str:
         import onnxruntime
 
-        return f"onnxruntime-{onnxruntime.__version__}"
+        return f"onnxruntime-{onnxruntime.__version__}+{source_digest(sys.modules[__name__])}"
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         if any(n.prim is Prim.WINDOW for n in spec.graph.nodes):

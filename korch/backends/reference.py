@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 import korch
 from korch import reference
 from korch.backends import Backend, CompiledKernel
+from korch.backends.torch_ops import to_tensor
 from korch.kernel import KernelSpec
 from korch.prims import Prim
 
@@ -28,6 +28,6 @@ class ReferenceBackend(Backend):
         def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
             feeds = {name: t.detach().cpu().numpy() for name, t in zip(graph.inputs, inputs)}
             outs = reference.run(graph, feeds)
-            return [torch.as_tensor(np.ascontiguousarray(outs[n])).to(device) for n in graph.output_names]
+            return [to_tensor(outs[n], device) for n in graph.output_names]
 
         return CompiledKernel(fn, kernels=sum(n.prim is not Prim.OPAQUE for n in graph.nodes))

@@ -178,9 +178,14 @@ def apply(prim: Prim, xs: Sequence[torch.Tensor], a: dict) -> list[torch.Tensor]
     return [simple[prim]()]
 
 
+def to_tensor(array, device: str = "cpu") -> torch.Tensor:
+    """A writable copy as a tensor (np.ascontiguousarray would turn a 0-d array into 1-d)."""
+    return torch.from_numpy(np.array(array, copy=True, order="C")).to(device)
+
+
 def graph_function(graph: Graph, device: str = "cpu") -> Callable[..., list[torch.Tensor]]:
     """A Python function running the graph with torch ops: f(*inputs) -> outputs (all tensors)."""
-    constants = {k: torch.as_tensor(np.ascontiguousarray(v)).to(device) for k, v in graph.constants.items()}
+    constants = {k: to_tensor(v, device) for k, v in graph.constants.items()}
 
     def run(*inputs: torch.Tensor) -> list[torch.Tensor]:
         env = dict(constants)

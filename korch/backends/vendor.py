@@ -3,11 +3,13 @@ PyTorch (oneDNN/MKL on CPU, cuBLAS/cuDNN on CUDA). ONNX Runtime's MLAS is the on
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch.nn import functional as F
 
-from korch.backends import Backend, CompiledKernel
-from korch.backends.torch_ops import apply
+from korch.backends import Backend, CompiledKernel, source_digest, torch_ops
+from korch.backends.torch_ops import apply, to_tensor
 from korch.kernel import KernelSpec
 from korch.prims import Kind, Prim
 
@@ -47,7 +49,7 @@ class VendorBackend(Backend):
     name = "vendor"
 
     def version(self) -> str:
-        return f"torch-{torch.__version__}"
+        return f"torch-{torch.__version__}+{source_digest(sys.modules[__name__], torch_ops)}"
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         return None if _bias_pattern(spec) else "not a single linear primitive with an optional bias"
@@ -59,7 +61,7 @@ class VendorBackend(Backend):
         a = lin.a
 
         def fetch(v, inputs):
-            return inputs[position[v]] if v in position else torch.as_tensor(g.constants[v]).to(device)
+            return inputs[position[v]] if v in position else to_tensor(g.constants[v], device)
 
         def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
             x, w = fetch(lin.inputs[0], inputs), fetch(lin.inputs[1], inputs)
