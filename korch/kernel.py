@@ -19,6 +19,7 @@ class KernelSpec:
     graph: Graph
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    seed: bool = False  # a whole partition (see korch.optimize.add_seeds)
 
     @property
     def signature(self) -> str:
@@ -65,4 +66,4 @@ def kernel_spec(graph: Graph, candidate: Candidate) -> KernelSpec:
         name=f"k_{candidate.key}",
     )
     verify(sub)
-    return KernelSpec(candidate.key, sub, tuple(inputs), candidate.outputs)
+    return KernelSpec(candidate.key, sub, tuple(inputs), candidate.outputs, candidate.seed)

@@ -295,6 +295,16 @@ def _activations(graph: Graph, needed: set[str], seed: int = 0) -> dict[str, np.
     return kept
 
 
+def _priority(job: tuple[KernelSpec, Backend]) -> tuple:
+    """Under a time budget what matters most is profiled first: every single primitive and every
+    whole-partition seed (a complete plan needs them), cheap-to-compile backends before Inductor,
+    then larger fusions before smaller ones."""
+    spec, backend = job
+    size = len(spec.graph.nodes)
+    essential = size == 1 or spec.seed
+    return (not essential, backend.name == "inductor", -size)
+
+
 def profile(
     graph: Graph,
     candidates: CandidateSet,
@@ -349,7 +359,8 @@ def profile(
     def record(job: dict, outcome: dict, progress: _Progress, final: bool) -> None:
         spec, backend = by_id[(job["key"], job["backend"])]
         failed = outcome["status"] != "ok"
-        progress.step(failed)
+        if failed or final:
+            progress.step(failed)
         if not failed and not final:
             timing.append(make_job(spec, backend, "time"))
             return
@@ -375,23 +386,28 @@ def profile(
     cores = os.cpu_count() or 1
     workers = options.jobs or cores
     compile_pool = _Pool(workers, threads=max(1, cores // workers))
-    progress = _Progress(len(jobs), "compiling", options.progress)
+    timer = _Pool(1, threads=torch.get_num_threads())
+    progress = _Progress(len(jobs), "profiling", options.progress)
+    chunk = max(16, 8 * workers)  # compile a chunk in parallel, then time it alone
+    ordered = sorted(jobs, key=_priority)
     try:
-        result.skipped += compile_pool.run(
-            [make_job(s, b, "compile") for s, b in jobs],
-            options.compile_timeout,
-            lambda j, o: record(j, o, progress, final=False),
-            deadline,
-        )
+        for first in range(0, len(ordered), chunk):
+            batch = ordered[first : first + chunk]
+            if deadline is not None and time.time() > deadline:
+                result.skipped += len(ordered) - first
+                break
+            timing.clear()
+            result.skipped += compile_pool.run(
+                [make_job(s, b, "compile") for s, b in batch],
+                options.compile_timeout,
+                lambda j, o: record(j, o, progress, final=False),
+                deadline,
+            )
+            result.skipped += timer.run(
+                list(timing), options.time_timeout, lambda j, o: record(j, o, progress, final=True), None
+            )
     finally:
         compile_pool.close()
-    timer = _Pool(1, threads=torch.get_num_threads())
-    progress = _Progress(len(timing), "timing", options.progress)
-    try:
-        result.skipped += timer.run(
-            timing, options.time_timeout, lambda j, o: record(j, o, progress, final=True), deadline
-        )
-    finally:
         timer.close()
     result.seconds = time.time() - started
     return result
