@@ -62,6 +62,7 @@ class _Problem:
     required: list[str]
     internal: set[str]  # values computed inside the partition
     providers: dict[str, list[int]]
+    covering: dict[int, list[int]]  # primitive -> candidates containing it
 
 
 def _problem(graph: Graph, part: Partition, candidates: list[Candidate], costs) -> _Problem:
@@ -93,7 +94,11 @@ def _problem(graph: Graph, part: Partition, candidates: list[Candidate], costs) 
     for v in required:
         if not providers[v]:
             raise KorchError(f"no profiled kernel computes {v!r}: every backend failed on its producer")
-    return _Problem(usable, np.array(cost, dtype=float), backend, required, internal, providers)
+    covering: dict[int, list[int]] = defaultdict(list)
+    for i, c in enumerate(usable):
+        for n in c.nodes:
+            covering[n].append(i)
+    return _Problem(usable, np.array(cost, dtype=float), backend, required, internal, providers, covering)
 
 
 def _mutual(graph: Graph, n: int, rest: frozenset) -> bool:
@@ -170,12 +175,32 @@ def _solve_partition(p: _Problem, available: set[str], time_limit: float):
 
     for v in p.required:  # produced at least once
         add_row({i: 1.0 for i in p.providers[v]}, 1.0)
-    for i, c in enumerate(p.candidates):  # inputs from inside the partition must be written
+    # Every primitive of the partition feeds a required value, so some chosen kernel computes it.
+    # Implied for integer choices, but it stops the relaxation from paying only a fraction of an
+    # expensive primitive (a matmul) far upstream of several fractional alternatives.
+    for members in p.covering.values():
+        add_row({i: 1.0 for i in members}, 1.0)
+    # Inputs from inside the partition must be written by a chosen kernel. Kernels that write only
+    # v are alternatives: an optimal choice never takes two (drop the later one and its readers use
+    # the earlier), so they share one row per input, which keeps the relaxation from paying a
+    # fraction of an input for each of several fractional alternatives.
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, c in enumerate(p.candidates):
+        alone = c.outputs[0] if len(c.outputs) == 1 else None
         for u in c.inputs:
             if u in p.internal:
-                entries = {j: 1.0 for j in p.providers.get(u, [])}
-                entries[i] = entries.get(i, 0.0) - 1.0
-                add_row(entries, 0.0)
+                groups[(alone or f"#{i}", u)].append(i)
+        if alone is not None:
+            groups[(alone, "")].append(i)
+    for (_, u), members in groups.items():
+        if not u:
+            if len(members) > 1:
+                add_row({i: -1.0 for i in members}, -1.0)  # at most one of them
+            continue
+        entries = {j: 1.0 for j in p.providers.get(u, [])}
+        for i in members:
+            entries[i] = entries.get(i, 0.0) - 1.0
+        add_row(entries, 0.0)
     cuts = 0
     deadline = time.time() + time_limit
     while True:
