@@ -215,6 +215,37 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from pathlib import Path
+
+    from korch.bench import bench
+
+    target = Path(args.target)
+    if target.is_dir():
+        plan = _load_plan(target)
+    else:
+        from korch.optimize import OptimizeOptions, optimize
+
+        _check_device(args.device)
+        plan = optimize(
+            target,
+            shapes=dict(args.shape or []),
+            options=OptimizeOptions(device=args.device, cache=_cache_path(args), progress=not args.quiet),
+        )
+    peers = tuple(p.strip() for p in args.vs.split(",") if p.strip())
+    report = bench(plan, peers, rounds=args.rounds)
+    lines = [f"{'system':14s} {'median ms':>10s} {'min ms':>9s} {'max ms':>9s}"]
+    for name, r in report["results"].items():
+        lines.append(f"{name:14s} {r['median_ms']:10.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}")
+    if report["speedup_vs_best_peer"]:
+        lines.append(
+            f"korch speedup vs best peer: {report['speedup_vs_best_peer']:.2f}x "
+            f"(predicted {plan.predicted_ms:.3f} ms)"
+        )
+    _emit(args, report, "\n".join(lines))
+    return 0
+
+
 def cmd_zoo(args) -> int:
     from korch import zoo
 
@@ -300,6 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest relative error accepted")
     _output_args(p)
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("bench", help="time a plan against its peers, interleaved")
+    p.add_argument("target", metavar="MODEL.onnx|PLAN_DIR")
+    p.add_argument("--vs", default="onnxruntime", help="comma-separated peers (onnxruntime)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--cache", help="profile database when optimizing a model")
+    p.add_argument("--shape", action="append", type=_parse_shape, metavar="NAME=D0xD1x...")
+    _output_args(p)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("zoo", help="build the bundled model zoo as ONNX files (random weights)")
     p.add_argument("names", nargs="*", help="models to build (default: all)")

@@ -19,9 +19,10 @@ from korch.ir import Graph
 from korch.plan import Plan, build_plan
 from korch.profile_db import ProfileDB
 from korch.profiler import ProfileOptions, profile
-from korch.solver import greedy, solve
+from korch.solver import Choice, Solution, greedy, solve
 
 log = logging.getLogger("korch")
+WHOLE_GRAPH = -1  # the partition index of the whole-graph seed
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,8 @@ class OptimizeOptions:
 
 
 def add_seeds(graph: Graph, found: CandidateSet) -> int:
-    """Each partition as one candidate: the onnxruntime and inductor backends then price running the
-    whole partition their own way, and the solver can fall back on that."""
+    """Each partition, and the whole graph, as one candidate: the onnxruntime and inductor backends
+    then price running them their own way, and the plan is never worse than that (as measured)."""
     keys = _KeyMaker(graph)
     added = 0
     for part in found.partitions:
@@ -49,7 +50,28 @@ def add_seeds(graph: Graph, found: CandidateSet) -> int:
                 make_candidate(graph, range(part.start, part.stop), part.index, keys, seed=True)
             )
             added += 1
+    if len(found.partitions) > 1:
+        found.candidates.append(make_candidate(graph, range(len(graph.nodes)), WHOLE_GRAPH, keys, seed=True))
+        added += 1
     return added
+
+
+def _prefer_whole_graph(found: CandidateSet, solution: Solution, cost) -> Solution:
+    """The per-partition optimum, or the whole graph as one kernel when that was measured faster."""
+    whole = [c for c in found.candidates if c.partition == WHOLE_GRAPH]
+    if whole:
+        ms, backend = cost(whole[0].key)
+        if ms < solution.objective_ms:
+            return Solution(
+                [Choice(whole[0], backend, ms)],
+                solution.status,
+                solution.gap,
+                ms,
+                solution.seconds,
+                solution.cuts,
+                solution.partitions,
+            )
+    return solution
 
 
 def optimize(
@@ -82,6 +104,7 @@ def optimize(
     finally:
         db.close()
     solution = solve(graph, found.partitions, found.candidates, profiles.cost, options.solver_time_limit)
+    solution = _prefer_whole_graph(found, solution, profiles.cost)
     baseline = greedy(graph, found.partitions, found.candidates, profiles.cost)
     meta = {
         "versions": _versions(backends),

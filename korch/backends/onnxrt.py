@@ -224,6 +224,8 @@ class OnnxRuntimeBackend(Backend):
         opts.log_severity_level = 3
         opts.intra_op_num_threads = torch.get_num_threads()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # a plan holds many sessions, each with its own thread pool: spinning pools would fight
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         cuda = device.startswith("cuda")
         providers = ["CUDAExecutionProvider"] if cuda else ["CPUExecutionProvider"]
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
