@@ -32,7 +32,9 @@ def _onnxruntime_peer(plan: Plan, feeds: dict[str, np.ndarray]):
     return lambda: sess.run(None, feeds)
 
 
-def bench(plan: Plan, peers=PEERS, rounds: int = 20, seed: int = 0, warmup: int = 3) -> dict:
+def bench(
+    plan: Plan, peers=PEERS, rounds: int = 10, seed: int = 0, warmup: int = 3, block_s: float = 0.05
+) -> dict:
     """Median, min and max milliseconds per system, and korch's speedup over the fastest peer."""
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
@@ -49,12 +51,20 @@ def bench(plan: Plan, peers=PEERS, rounds: int = 20, seed: int = 0, warmup: int 
             fn()
     samples: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(rounds):
-        for name, fn in systems.items():  # interleaved, so drift on a shared machine hits all alike
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            samples[name].append((time.perf_counter() - start) * 1e3)
+        # interleaved blocks (A B A B ...), so drift on a shared machine hits every system alike; the
+        # first call of each block is dropped: it pays for waking a thread pool the other system
+        # just left spinning or asleep, which says more about the switch than about either system
+        for name, fn in systems.items():
+            block_end = time.perf_counter() + block_s
+            calls = 0
+            while calls < 4 or time.perf_counter() < block_end:
+                sync()
+                start = time.perf_counter()
+                fn()
+                sync()
+                if calls:
+                    samples[name].append((time.perf_counter() - start) * 1e3)
+                calls += 1
     results = {
         name: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s)}
         for name, s in samples.items()

@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", metavar="MODEL.onnx|PLAN_DIR")
     p.add_argument("--vs", default="onnxruntime", help="comma-separated peers (onnxruntime)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=10, help="interleaved blocks per system")
     p.add_argument("--cache", help="profile database when optimizing a model")
     p.add_argument("--shape", action="append", type=_parse_shape, metavar="NAME=D0xD1x...")
     _output_args(p)

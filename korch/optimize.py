@@ -3,20 +3,31 @@ plan."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import onnx
 
 from korch import check
 from korch.backends import device_name, get_backends
-from korch.candidates import CandidateOptions, CandidateSet, _KeyMaker, enumerate_candidates, make_candidate
+from korch.candidates import (
+    Candidate,
+    CandidateOptions,
+    CandidateSet,
+    _KeyMaker,
+    enumerate_candidates,
+    make_candidate,
+)
 from korch.frontend import import_onnx
-from korch.ir import Graph
+from korch.ir import Graph, Node
+from korch.kernel import KernelSpec
 from korch.plan import Plan, build_plan
+from korch.prims import Prim
 from korch.profile_db import ProfileDB
 from korch.profiler import ProfileOptions, profile
 from korch.solver import Choice, Solution, greedy, solve
@@ -56,14 +67,41 @@ def add_seeds(graph: Graph, found: CandidateSet) -> int:
     return added
 
 
+ORIGINAL_SEED_LIMIT = 64 * 2**20  # bytes: the original model travels inside the kernel spec
+
+
+def original_model_seed(graph: Graph, model: onnx.ModelProto) -> tuple[Candidate, KernelSpec] | None:
+    """The source model itself, run whole by ONNX Runtime, as one candidate: ONNX Runtime's own
+    fusions on the original operators are then priced too, so the plan is never slower than
+    ONNX Runtime as measured. It is one opaque primitive over the graph's inputs and outputs."""
+    blob = model.SerializeToString()
+    producers = graph.producers()
+    if len(blob) > ORIGINAL_SEED_LIMIT or not all(v in producers for v in graph.outputs):
+        return None
+    key = "model-" + hashlib.sha256(blob).hexdigest()[:18]
+    in_types = tuple((graph.types[v].shape, graph.types[v].dtype) for v in graph.inputs)
+    out_types = tuple((graph.types[v].shape, graph.types[v].dtype) for v in graph.outputs)
+    outs = tuple(f"t0_{i}" for i in range(len(graph.outputs)))
+    attrs = {"model": blob, "op_type": "model", "in_types": in_types, "out_types": out_types}
+    node = Node(Prim.OPAQUE, tuple(graph.inputs), outs, tuple(sorted(attrs.items())), "model")
+    types = {v: graph.types[v] for v in graph.inputs}
+    types.update({o: graph.types[v] for o, v in zip(outs, graph.outputs)})
+    names = tuple(f"out{i}" for i in range(len(outs)))
+    sub = Graph(tuple(graph.inputs), outs, names, MappingProxyType(types), MappingProxyType({}), (node,), key)
+    cand = Candidate(
+        tuple(range(len(graph.nodes))), tuple(graph.inputs), tuple(graph.outputs), key, WHOLE_GRAPH, seed=True
+    )
+    return cand, KernelSpec(key, sub, tuple(graph.inputs), tuple(graph.outputs), seed=True)
+
+
 def _prefer_whole_graph(found: CandidateSet, solution: Solution, cost) -> Solution:
-    """The per-partition optimum, or the whole graph as one kernel when that was measured faster."""
-    whole = [c for c in found.candidates if c.partition == WHOLE_GRAPH]
-    if whole:
-        ms, backend = cost(whole[0].key)
-        if ms < solution.objective_ms:
-            return Solution(
-                [Choice(whole[0], backend, ms)],
+    """The per-partition optimum, or a whole-graph kernel when one was measured faster."""
+    best = solution
+    for whole in (c for c in found.candidates if c.partition == WHOLE_GRAPH):
+        ms, backend = cost(whole.key)
+        if ms < best.objective_ms:
+            best = Solution(
+                [Choice(whole, backend, ms)],
                 solution.status,
                 solution.gap,
                 ms,
@@ -71,7 +109,7 @@ def _prefer_whole_graph(found: CandidateSet, solution: Solution, cost) -> Soluti
                 solution.cuts,
                 solution.partitions,
             )
-    return solution
+    return best
 
 
 def optimize(
@@ -85,6 +123,12 @@ def optimize(
     graph = fission.graph
     found = enumerate_candidates(graph, CandidateOptions(max_size=options.max_size))
     seeds = add_seeds(graph, found) if options.seeds else 0
+    specs = {}
+    original = original_model_seed(graph, fission.model) if options.seeds else None
+    if original:
+        found.candidates.append(original[0])
+        specs[original[0].key] = original[1]
+        seeds += 1
     backends = get_backends(list(options.backends) if options.backends else None)
     db = ProfileDB(options.cache)
     try:
@@ -100,6 +144,7 @@ def optimize(
                 progress=options.progress,
                 min_time=options.min_time,
             ),
+            specs,
         )
     finally:
         db.close()
@@ -122,7 +167,7 @@ def optimize(
         "input_bounds": check.input_bounds(graph),
         "seconds": round(time.perf_counter() - started, 3),
     }
-    plan = build_plan(graph, solution, options.device, meta)
+    plan = build_plan(graph, solution, options.device, meta, specs)
     plan.model = fission.model
     return plan
 

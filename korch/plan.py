@@ -176,12 +176,15 @@ def lifetimes(kernels: list[PlanKernel], outputs: list[str]) -> None:
         )
 
 
-def build_plan(graph: Graph, solution, device: str, meta: dict) -> Plan:
+def build_plan(graph: Graph, solution, device: str, meta: dict, specs: dict | None = None) -> Plan:
     from korch.kernel import kernel_spec
 
     kernels = [
         PlanKernel(
-            choice.backend, kernel_spec(graph, choice.candidate), choice.cost_ms, choice.candidate.nodes
+            choice.backend,
+            (specs or {}).get(choice.candidate.key) or kernel_spec(graph, choice.candidate),
+            choice.cost_ms,
+            choice.candidate.nodes,
         )
         for choice in solution.chosen
     ]

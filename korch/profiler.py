@@ -311,7 +311,9 @@ def profile(
     backends: list[Backend],
     db: ProfileDB,
     options: ProfileOptions = ProfileOptions(),
+    specs: dict[str, KernelSpec] | None = None,
 ) -> ProfileResult:
+    """`specs` overrides the kernel of a candidate key (the original-model seed)."""
     started = time.time()
     deadline = started + options.time_budget if options.time_budget is not None else None
     device = device_name(options.device)
@@ -321,7 +323,7 @@ def profile(
         representative.setdefault(c.key, c)
     jobs = []
     for key, cand in representative.items():
-        spec = kernel_spec(graph, cand)
+        spec = specs[key] if specs and key in specs else kernel_spec(graph, cand)
         result.specs[key] = spec
         result.profiles[key] = {}
         for backend in backends:

@@ -198,3 +198,19 @@ def test_graph_output_that_is_an_input(tmp_path):
     y, same = plan(x)
     np.testing.assert_array_equal(y, np.maximum(x, 0))
     np.testing.assert_array_equal(same, x)
+
+
+def test_the_source_model_is_a_candidate(model_path, tmp_path):
+    """ONNX Runtime on the original operators is priced like any kernel, so the plan is never
+    slower than it in the cost model; when it wins, the plan is that one kernel."""
+    import sqlite3
+
+    plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
+    rows = (
+        sqlite3.connect(tmp_path / "p.sqlite")
+        .execute("SELECT status, median_ms FROM profiles WHERE key LIKE 'model-%'")
+        .fetchall()
+    )
+    assert len(rows) == 1 and rows[0][0] == "ok"
+    assert plan.predicted_ms <= rows[0][1] + 1e-9
+    assert plan.verify() <= 1e-4

@@ -162,13 +162,15 @@ def _emit(w: _Writer, node, elide: set[str]) -> None:
 def to_onnx(graph: Graph) -> onnx.ModelProto:
     """The kernel graph as an ONNX model (opset 18); an opaque primitive is its own model already."""
     if len(graph.nodes) == 1 and graph.nodes[0].prim is Prim.OPAQUE:
+        # the embedded model (one operator, or a whole source model) with its outputs renamed
         model = onnx.load_from_string(graph.nodes[0].a["model"])
+        produced = [o.name for o in model.graph.output] or [o for o in model.graph.node[0].output if o]
         model.graph.ClearField("output")
-        node = graph.nodes[0]
-        model.graph.output.extend(
-            helper.make_tensor_value_info(name, to_onnx_dtype(graph.types[v].dtype), graph.types[v].shape)
-            for name, v in zip(model.graph.node[0].output, node.outputs)
-        )
+        for name, produced_name, v in zip(graph.output_names, produced, graph.nodes[0].outputs):
+            if produced_name != name:
+                model.graph.node.append(helper.make_node("Identity", [produced_name], [name]))
+            t = graph.types[v]
+            model.graph.output.append(helper.make_tensor_value_info(name, to_onnx_dtype(t.dtype), t.shape))
         return model
     w = _Writer(graph)
     for name, array in graph.constants.items():
