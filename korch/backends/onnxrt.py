@@ -134,27 +134,16 @@ def _emit(w: _Writer, node, elide: set[str]) -> None:
         dtype = g.types[node.inputs[0]].dtype
         value = w.const(np.array(a["value"], dtype), "value")
         w.add("Pad", [ins[0], w.const(np.array(a["pads"], "int64"), "pads"), value], [out], mode=a["mode"])
-    elif node.prim is Prim.CONV:
-        w.add(
-            "Conv",
-            ins,
-            [out],
-            strides=list(a["strides"]),
-            pads=list(a["pads"]),
-            dilations=list(a["dilations"]),
-            group=a["group"],
-        )
-    elif node.prim is Prim.CONV_TRANSPOSE:
-        w.add(
-            "ConvTranspose",
-            ins,
-            [out],
-            strides=list(a["strides"]),
-            pads=list(a["pads"]),
-            dilations=list(a["dilations"]),
-            group=a["group"],
-            output_padding=list(a["output_padding"]),
-        )
+    elif node.prim in (Prim.CONV, Prim.CONV_TRANSPOSE):
+        attrs = {
+            "strides": list(a["strides"]),
+            "pads": list(a["pads"]),
+            "dilations": list(a["dilations"]),
+            "group": a["group"],
+        }
+        if node.prim is Prim.CONV_TRANSPOSE:
+            attrs["output_padding"] = list(a["output_padding"])
+        w.add("Conv" if node.prim is Prim.CONV else "ConvTranspose", ins, [out], **attrs)
     else:
         raise NotImplementedError(f"{node.prim.value} has no ONNX equivalent")
 
