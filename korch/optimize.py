@@ -1,10 +1,8 @@
-"""The whole pipeline: fission, candidates (plus whole-partition peer seeds), profiling, selection,
-plan."""
+"""The whole pipeline: fission, candidates (plus seeds), profiling, selection, plan."""
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import time
 from collections.abc import Mapping
@@ -32,7 +30,6 @@ from korch.profile_db import ProfileDB
 from korch.profiler import ProfileOptions, profile
 from korch.solver import Choice, Solution, greedy, solve
 
-log = logging.getLogger("korch")
 WHOLE_GRAPH = -1  # the partition index of the whole-graph seed
 
 
