@@ -41,7 +41,7 @@ def bench(
         raise KorchError(f"unknown peers {unknown}; available: {', '.join(PEERS)}")
     feeds = plan.random_inputs(seed)
     exe = plan.executable()
-    tensors = exe._feeds((), feeds)
+    tensors = exe.feeds((), feeds)
     sync = torch.cuda.synchronize if plan.device.startswith("cuda") else (lambda: None)
     systems = {"korch": lambda: exe.run_tensors(tensors)}
     for peer in peers:

@@ -49,7 +49,6 @@ class ProfileResult:
     """profiles[key][backend] for every candidate key; counts of what happened."""
 
     profiles: dict[str, dict[str, Profile]] = field(default_factory=dict)
-    specs: dict[str, KernelSpec] = field(default_factory=dict)
     profiled: int = 0
     cache_hits: int = 0
     failed: int = 0
@@ -281,18 +280,7 @@ class _Progress:
 def _activations(graph: Graph, needed: set[str], seed: int = 0) -> dict[str, np.ndarray]:
     """Real intermediate values (a reference run on seeded inputs): kernels are checked and timed on
     the data they will see, not on noise that makes sqrt and log produce NaN."""
-    feeds = check.random_inputs(graph, seed)
-    env = dict(graph.constants)
-    env.update(feeds)
-    kept = {v: env[v] for v in needed if v in env}
-    with np.errstate(all="ignore"):
-        for node in graph.nodes:
-            outs = node.prim.ref([env[v] for v in node.inputs], node.a)
-            for v, r in zip(node.outputs, outs):
-                env[v] = np.asarray(r, dtype=graph.types[v].dtype)
-                if v in needed:
-                    kept[v] = env[v]
-    return kept
+    return reference.evaluate(graph, check.random_inputs(graph, seed), needed)
 
 
 def _priority(job: tuple[KernelSpec, Backend]) -> tuple:
@@ -324,7 +312,6 @@ def profile(
     jobs = []
     for key, cand in representative.items():
         spec = specs[key] if specs and key in specs else kernel_spec(graph, cand)
-        result.specs[key] = spec
         result.profiles[key] = {}
         for backend in backends:
             reason = backend.supports(spec, options.device)

@@ -26,22 +26,28 @@ def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np
     return feeds
 
 
-def run(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Execute node by node, freeing each intermediate after its last use; keyed by output name."""
+def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], wanted) -> dict[str, np.ndarray]:
+    """Execute node by node, freeing each intermediate after its last use unless it is wanted;
+    returns the wanted values (inputs, constants or computed) by value name."""
     env: dict[str, np.ndarray] = dict(graph.constants)
     env.update(check_inputs(graph, inputs))
     last_use: dict[str, int] = {}
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:
             last_use[v] = i
-    keep = set(graph.outputs) | set(graph.constants) | set(graph.inputs)
+    keep = set(wanted) | set(graph.constants) | set(graph.inputs)
     with np.errstate(all="ignore"):
         for i, node in enumerate(graph.nodes):
             results = node.prim.ref([env[v] for v in node.inputs], node.a)
             for v, r in zip(node.outputs, results):
-                want = graph.types[v]
-                env[v] = np.asarray(r, dtype=want.dtype)
+                env[v] = np.asarray(r, dtype=graph.types[v].dtype)
             for v in set(node.inputs):
                 if last_use[v] == i and v not in keep:
                     del env[v]
-    return {name: np.asarray(env[v]) for v, name in zip(graph.outputs, graph.output_names)}
+    return {v: np.asarray(env[v]) for v in wanted if v in env}
+
+
+def run(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Execute the graph; outputs keyed by output name."""
+    values = evaluate(graph, inputs, graph.outputs)
+    return {name: values[v] for v, name in zip(graph.outputs, graph.output_names)}

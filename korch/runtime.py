@@ -41,7 +41,7 @@ class Executable:
                 env.pop(v, None)
         return [env[v] for v, _ in self.plan.outputs]
 
-    def _feeds(self, inputs, named) -> dict[str, torch.Tensor]:
+    def feeds(self, inputs, named) -> dict[str, torch.Tensor]:
         if len(inputs) > len(self.input_names):
             raise KorchError(f"the plan takes {len(self.input_names)} inputs, got {len(inputs)}")
         given = dict(zip(self.input_names, inputs))
@@ -62,7 +62,7 @@ class Executable:
     def __call__(self, *inputs, **named):
         """Numpy arrays in, numpy arrays out; torch tensors in, torch tensors out."""
         as_numpy = not any(isinstance(x, torch.Tensor) for x in (*inputs, *named.values()))
-        outs = self.run_tensors(self._feeds(inputs, named))
+        outs = self.run_tensors(self.feeds(inputs, named))
         return [o.detach().cpu().numpy() for o in outs] if as_numpy else outs
 
     def run_numpy(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
