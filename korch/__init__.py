@@ -35,20 +35,37 @@ def check_fission(result: FissionResult, seed: int = 0) -> float:
 
 
 def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, **options):
-    """Optimize an ONNX model (path or ModelProto) into a runnable, saveable Plan."""
-    from korch.optimize import OptimizeOptions
-    from korch.optimize import optimize as _optimize
+    """Optimize an ONNX model (path or ModelProto), or a torch.nn.Module with example inputs (a
+    tensor or a tuple of them, fixing the shapes), into a runnable, saveable Plan."""
+    from korch.pipeline import OptimizeOptions, optimize_fission
+    from korch.pipeline import optimize as _optimize
 
+    opts = OptimizeOptions(device=device, **options)
+    if _is_torch_module(model):
+        from korch.frontend.torch_import import import_torch
+
+        if example_inputs is None:
+            raise KorchError("a PyTorch module needs example_inputs (they fix the input shapes)")
+        if not isinstance(example_inputs, (tuple, list)):
+            example_inputs = (example_inputs,)
+        return optimize_fission(import_torch(model, example_inputs), opts)
     if example_inputs is not None:
-        raise KorchError("PyTorch modules are not supported yet; export to ONNX first")
-    return _optimize(model, shapes=shapes, options=OptimizeOptions(device=device, **options))
+        raise KorchError("example_inputs are for PyTorch modules; ONNX models take shapes=")
+    return _optimize(model, shapes=shapes, options=opts)
 
 
-def load(directory):
-    """Load a plan written by Plan.save or `korch optimize`."""
+def _is_torch_module(model) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")  # a module object implies torch is already imported
+    return torch is not None and isinstance(model, torch.nn.Module)
+
+
+def load(directory, allow_mismatch: bool = False):
+    """Load a plan written by Plan.save or `korch optimize` (see Plan.load for `allow_mismatch`)."""
     from korch.plan import Plan
 
-    return Plan.load(directory)
+    return Plan.load(directory, allow_mismatch=allow_mismatch)
 
 
 __all__ = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -11,7 +12,13 @@ import torch
 from korch.errors import KorchError
 from korch.plan import Plan
 
-PEERS = ("onnxruntime",)
+TORCH_MODES = {  # peer name -> torch.compile mode (None: eager PyTorch)
+    "eager": None,
+    "torch-compile": "default",
+    "torch-compile-max-autotune": "max-autotune",
+    "torch-compile-cudagraphs": "reduce-overhead",  # CUDA graphs; CUDA only
+}
+PEERS = ("onnxruntime", *TORCH_MODES)
 
 
 def _onnxruntime_peer(plan: Plan, feeds: dict[str, np.ndarray]):
@@ -32,23 +39,118 @@ def _onnxruntime_peer(plan: Plan, feeds: dict[str, np.ndarray]):
     return lambda: sess.run(None, feeds)
 
 
+def zoo_module(plan: Plan):
+    """The PyTorch module a zoo model was exported from (same seeded weights), or None."""
+    from korch import zoo
+
+    props = {p.key: p.value for p in plan.model.metadata_props} if plan.model is not None else {}
+    name = props.get("korch.zoo")
+    if name not in zoo.MODELS or props.get("korch.zoo_version") != str(zoo.ZOO_VERSION):
+        return None
+    return zoo.make_module(name)
+
+
+def _torch_peer(name: str, module, inputs: list[torch.Tensor], device: str):
+    mode = TORCH_MODES[name]
+    if mode == "reduce-overhead" and not device.startswith("cuda"):
+        raise KorchError("peer torch-compile-cudagraphs needs --device cuda")
+    module = module.to(device).eval()
+    fn = module if mode is None else torch.compile(module, mode=mode)
+
+    def call():
+        with torch.inference_mode():
+            return fn(*inputs)
+
+    return call
+
+
+def _flatten(out) -> list[np.ndarray]:
+    if isinstance(out, torch.Tensor):
+        return [out.detach().float().cpu().numpy()]
+    if isinstance(out, np.ndarray):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [a for o in out for a in _flatten(o)]
+
+
+def _agreement(want: list[np.ndarray], got) -> float:
+    """Largest relative error of a peer's outputs against korch's (same inputs)."""
+    from korch.check import rel_err
+
+    got = _flatten(got)
+    if len(got) != len(want):
+        raise KorchError(f"a peer returned {len(got)} outputs, the plan {len(want)}")
+    return max((rel_err(g.reshape(w.shape), w) for g, w in zip(got, want)), default=0.0)
+
+
+def _systems(plan: Plan, peers, module, feeds) -> tuple[dict[str, Callable], dict[str, float]]:
+    exe = plan.executable()
+    tensors = exe.feeds((), feeds)
+    systems = {"korch": lambda: exe.run_tensors(tensors)}
+    if any(p in TORCH_MODES for p in peers) and module is None:
+        raise KorchError(
+            "torch peers need the PyTorch module: models built by `korch zoo` carry it; for other "
+            "models pass module= to korch.bench.bench"
+        )
+    ordered = [tensors[n] for n, _ in plan.inputs]
+    compile_s = {}
+    for peer in peers:
+        start = time.perf_counter()
+        if peer == "onnxruntime":
+            systems[peer] = _onnxruntime_peer(plan, feeds)
+        else:
+            systems[peer] = _torch_peer(peer, module, ordered, plan.device)
+        systems[peer]()  # compiles, for torch.compile peers
+        compile_s[peer] = time.perf_counter() - start
+    return systems, compile_s
+
+
 def bench(
-    plan: Plan, peers=PEERS, rounds: int = 10, seed: int = 0, warmup: int = 3, block_s: float = 0.05
+    plan: Plan,
+    peers=("onnxruntime",),
+    rounds: int = 10,
+    seed: int = 0,
+    warmup: int = 3,
+    block_s: float = 0.05,
+    module=None,
 ) -> dict:
-    """Median, min and max milliseconds per system, and korch's speedup over the fastest peer."""
+    """Median, min and max milliseconds per system, each peer's agreement with korch's outputs,
+    and korch's speedup over the fastest peer. `module`: the PyTorch source, for torch peers
+    (found automatically for zoo models)."""
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise KorchError(f"unknown peers {unknown}; available: {', '.join(PEERS)}")
+    if module is None and any(p in TORCH_MODES for p in peers):
+        module = zoo_module(plan)
     feeds = plan.random_inputs(seed)
-    exe = plan.executable()
-    tensors = exe.feeds((), feeds)
-    sync = torch.cuda.synchronize if plan.device.startswith("cuda") else (lambda: None)
-    systems = {"korch": lambda: exe.run_tensors(tensors)}
-    for peer in peers:
-        systems[peer] = _onnxruntime_peer(plan, feeds)
+    systems, compile_s = _systems(plan, peers, module, feeds)
+    want = _flatten(systems["korch"]())
+    agreement = {p: _agreement(want, systems[p]()) for p in peers}
     for fn in systems.values():
         for _ in range(warmup):
             fn()
+    samples = _interleave(systems, rounds, block_s, plan.device.startswith("cuda"))
+    results = {
+        name: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s)}
+        for name, s in samples.items()
+    }
+    for p in peers:
+        results[p].update(max_rel_err=agreement[p], setup_s=round(compile_s[p], 3))
+    peer_best = min((results[p]["median_ms"] for p in peers), default=None)
+    speedup = peer_best / results["korch"]["median_ms"] if peer_best else None
+    return {
+        "device": plan.device,
+        "threads": torch.get_num_threads(),
+        "results": results,
+        "speedup_vs_best_peer": speedup,
+        "predicted_ms": plan.predicted_ms,
+        "rounds": rounds,
+    }
+
+
+def _interleave(systems: dict[str, Callable], rounds: int, block_s: float, cuda: bool):
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     samples: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(rounds):
         # interleaved blocks (A B A B ...), so drift on a shared machine hits every system alike; the
@@ -65,16 +167,4 @@ def bench(
                 if calls:
                     samples[name].append((time.perf_counter() - start) * 1e3)
                 calls += 1
-    results = {
-        name: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s)}
-        for name, s in samples.items()
-    }
-    peer_best = min((results[p]["median_ms"] for p in peers), default=None)
-    speedup = peer_best / results["korch"]["median_ms"] if peer_best else None
-    return {
-        "device": plan.device,
-        "results": results,
-        "speedup_vs_best_peer": speedup,
-        "predicted_ms": plan.predicted_ms,
-        "rounds": rounds,
-    }
+    return samples

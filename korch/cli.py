@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -34,6 +35,22 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--shape wants NAME=D0xD1x..., got {text!r}") from None
     return name, shape
+
+
+def _at_least(low, kind=int):
+    """An argparse type: a number of `kind` not below `low` (NaN is refused too)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"wants a number, got {text!r}") from None
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def _log(args, message: str) -> None:
@@ -113,11 +130,14 @@ def _cache_path(args):
 
 
 def cmd_optimize(args) -> int:
-    from korch.optimize import OptimizeOptions, optimize
+    from korch.pipeline import OptimizeOptions, optimize
 
     if args.time_budget is not None and args.time_budget < 0:
         raise KorchError("--time-budget must not be negative")
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip()) if args.backends else None
+    if args.backends is not None and not backends:
+        raise KorchError(f"--backends names no backend: {args.backends!r}")
+    _check_plan_target(args.output)
     options = OptimizeOptions(
         device=args.device,
         backends=backends,
@@ -127,6 +147,8 @@ def cmd_optimize(args) -> int:
         jobs=args.jobs,
         progress=not args.quiet,
         seeds=not args.no_seeds,
+        executor=args.executor,
+        ray_address=args.ray_address or os.environ.get("RAY_ADDRESS") or None,
     )
     _check_device(args.device)
     plan = optimize(args.model, shapes=dict(args.shape or []), options=options, strict=args.strict)
@@ -141,16 +163,22 @@ def cmd_optimize(args) -> int:
         "seconds": meta["seconds"],
         "skipped": meta["profiling"]["skipped"],
         "failed": meta["profiling"]["failed"],
-        "greedy_ms": round(meta["greedy_ms"], 6),
+        "greedy_ms": round(meta["greedy_ms"], 6) if meta["greedy_ms"] is not None else None,
         "greedy_kernels": meta["greedy_kernels"],
+        "measured_ms": meta["measured"]["ms"],
         "backends": dict(Counter(k.backend for k in plan.kernels)),
         "plan": str(args.output),
     }
     solver = meta["solver"]
+    greedy = (
+        f"greedy fusion {meta['greedy_ms']:.3f} ms in {meta['greedy_kernels']} kernels"
+        if meta["greedy_ms"] is not None
+        else "no greedy baseline: not every primitive was profiled alone within --time-budget"
+    )
     backends_used = ", ".join(f"{k} {v}" for k, v in payload["backends"].items())
     human = (
         f"{args.model}: {payload['kernels']} kernels, predicted {plan.predicted_ms:.3f} ms "
-        f"(greedy fusion {meta['greedy_ms']:.3f} ms in {meta['greedy_kernels']} kernels)\n"
+        f"({greedy}); measured in place {meta['measured']['ms']:.3f} ms\n"
         f"solver: {solver['status']}, gap {solver['gap']:g}, {solver['seconds']:.2f}s; "
         f"profiled {payload['profiled']}, cache hits {payload['cache_hits']}, "
         f"failed {payload['failed']}, skipped {payload['skipped']}\n"
@@ -162,6 +190,17 @@ def cmd_optimize(args) -> int:
     return 0
 
 
+def _check_plan_target(path) -> None:
+    """Refuse an output that save would refuse, before spending minutes on profiling."""
+    from pathlib import Path
+
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise KorchError(f"-o {target}: exists and is not a directory")
+    if target.is_dir() and not (target / "plan.json").exists() and any(target.iterdir()):
+        raise KorchError(f"-o {target}: exists and is not a plan directory; not overwriting it")
+
+
 def _check_device(device: str) -> None:
     import torch
 
@@ -171,27 +210,38 @@ def _check_device(device: str) -> None:
         raise KorchError("--device cuda: no CUDA device is available")
 
 
-def _load_plan(path):
+def _load_plan(path, args):
     from korch.plan import Plan
 
-    return Plan.load(path)
+    return Plan.load(path, allow_mismatch=args.allow_version_mismatch)
+
+
+def _read_inputs(path) -> dict:
+    import numpy as np
+
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("a single array; --inputs wants an .npz of named arrays (numpy.savez)")
+        with data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise KorchError(f"{path}: no such file") from None
+    except Exception as e:  # numpy and zipfile raise assorted types on damaged files
+        raise KorchError(f"{path}: cannot read inputs ({type(e).__name__}: {e})") from None
 
 
 def cmd_run(args) -> int:
     import numpy as np
 
-    plan = _load_plan(args.plan)
-    if args.inputs:
-        try:
-            with np.load(args.inputs) as data:
-                feeds = {k: data[k] for k in data.files}
-        except (OSError, ValueError) as e:
-            raise KorchError(f"{args.inputs}: cannot read inputs ({e})") from None
-    else:
-        feeds = plan.random_inputs(args.seed)
+    plan = _load_plan(args.plan, args)
+    feeds = _read_inputs(args.inputs) if args.inputs else plan.random_inputs(args.seed)
     outs = plan.run(feeds)
     if args.output:
-        np.savez(args.output, **outs)
+        try:
+            np.savez(args.output, **outs)
+        except OSError as e:
+            raise KorchError(f"{args.output}: cannot write outputs ({e.strerror or e})") from None
     payload = {
         "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outs.items()},
         "written": args.output,
@@ -202,13 +252,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    plan = _load_plan(args.plan)
+    plan = _load_plan(args.plan, args)
     err = plan.verify(args.seed)
     ok = bool(err <= args.tolerance)
     _emit(
         args,
-        {"max_rel_err": err, "ok": ok},
-        f"max relative error vs ONNX Runtime: {err:.3g} ({'ok' if ok else 'FAILED'})",
+        {"max_rel_err": err, "ok": ok, "oracle": plan.oracle},
+        f"max relative error vs {plan.oracle}: {err:.3g} ({'ok' if ok else 'FAILED'})",
     )
     if not ok:
         raise CheckFailed(f"max relative error {err:.3g} exceeds {args.tolerance:g}")
@@ -218,31 +268,62 @@ def cmd_verify(args) -> int:
 def cmd_bench(args) -> int:
     from pathlib import Path
 
-    from korch.bench import bench
+    from korch.bench import PEERS, bench
 
+    peers = tuple(p.strip() for p in args.vs.split(",") if p.strip())
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:  # before any optimizing
+        raise KorchError(f"unknown peers {unknown}; available: {', '.join(PEERS)}")
     target = Path(args.target)
     if target.is_dir():
-        plan = _load_plan(target)
+        plan = _load_plan(target, args)
     else:
-        from korch.optimize import OptimizeOptions, optimize
+        from korch.pipeline import OptimizeOptions, optimize
 
         _check_device(args.device)
         plan = optimize(
             target,
             shapes=dict(args.shape or []),
-            options=OptimizeOptions(device=args.device, cache=_cache_path(args), progress=not args.quiet),
+            options=OptimizeOptions(
+                device=args.device,
+                cache=_cache_path(args),
+                progress=not args.quiet,
+                time_budget=args.time_budget,
+            ),
         )
-    peers = tuple(p.strip() for p in args.vs.split(",") if p.strip())
     report = bench(plan, peers, rounds=args.rounds)
-    lines = [f"{'system':14s} {'median ms':>10s} {'min ms':>9s} {'max ms':>9s}"]
+    width = max(len(n) for n in report["results"])
+    lines = [f"{'system':{width}s} {'median ms':>10s} {'min ms':>9s} {'max ms':>9s} {'vs korch':>9s}"]
     for name, r in report["results"].items():
-        lines.append(f"{name:14s} {r['median_ms']:10.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}")
+        agree = f"{r['max_rel_err']:9.1e}" if "max_rel_err" in r else f"{'':9s}"
+        lines.append(f"{name:{width}s} {r['median_ms']:10.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f} {agree}")
     if report["speedup_vs_best_peer"]:
         lines.append(
             f"korch speedup vs best peer: {report['speedup_vs_best_peer']:.2f}x "
             f"(predicted {plan.predicted_ms:.3f} ms)"
         )
     _emit(args, report, "\n".join(lines))
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from pathlib import Path
+
+    from korch import explain
+    from korch.plan import Plan
+
+    plan = Plan.load(args.plan, allow_mismatch=True)  # a report runs nothing: any versions will do
+    report = explain.report(plan, str(args.plan))
+    if args.html:
+        from korch.explain_html import page
+
+        try:
+            Path(args.html).write_text(page(plan, report), encoding="utf-8")
+        except OSError as e:
+            raise KorchError(f"{args.html}: cannot write the report ({e.strerror or e})") from None
+        _log(args, f"explain: wrote {args.html}")
+        report["html"] = str(args.html)
+    _emit(args, report, explain.text(report))
     return 0
 
 
@@ -280,6 +361,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     _output_args(p)
 
 
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-version-mismatch",
+        action="store_true",
+        help="load a plan built with other korch/torch/onnxruntime/backend versions or another device",
+    )
+
+
 def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -287,7 +376,9 @@ def _output_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="korch", description="Optimal kernel orchestration for tensor programs.")
-    parser.add_argument("--verbose", action="store_true", help="print tracebacks for unexpected errors")
+    parser.add_argument(
+        "--verbose", action="store_true", help="log korch's notes, and print tracebacks for unexpected errors"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("fission", help="split every operator of an ONNX model into primitives")
@@ -300,7 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("candidates", help="enumerate candidate kernels (no profiling)")
     _model_args(p)
-    p.add_argument("--max-size", type=int, default=12, help="primitives per candidate, broadcasts free")
+    p.add_argument(
+        "--max-size", type=_at_least(1), default=12, help="primitives per candidate, broadcasts free"
+    )
     p.set_defaults(func=cmd_candidates)
 
     p = sub.add_parser("optimize", help="fission, candidates, profiling, selection: write a plan")
@@ -311,36 +404,69 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache", help="profile database (default $KORCH_CACHE or ~/.cache/korch/profiles.sqlite)"
     )
-    p.add_argument("--time-budget", type=float, help="seconds of profiling; the rest is skipped")
-    p.add_argument("--max-size", type=int, default=12, help="primitives per candidate, broadcasts free")
-    p.add_argument("--jobs", type=int, help="compile workers (default: one per core)")
+    p.add_argument(
+        "--time-budget", type=_at_least(0.0, float), help="seconds of profiling; the rest is skipped"
+    )
+    p.add_argument(
+        "--max-size", type=_at_least(1), default=12, help="primitives per candidate, broadcasts free"
+    )
+    p.add_argument("--jobs", type=_at_least(1), help="compile workers (default: one per core)")
     p.add_argument("--no-seeds", action="store_true", help="no whole-partition peer candidates")
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where compile jobs run: local worker processes, or a Ray cluster (falls back to local "
+        "when Ray is absent); timing always runs here",
+    )
+    p.add_argument("--ray-address", help="Ray cluster to join (default $RAY_ADDRESS, else a local one)")
     p.set_defaults(func=cmd_optimize)
 
     p = sub.add_parser("run", help="run a plan")
     p.add_argument("plan", metavar="PLAN_DIR")
+    _plan_args(p)
     p.add_argument("--inputs", help="inputs as .npz (default: seeded random inputs)")
     p.add_argument("--output", help="write the outputs as .npz")
     p.add_argument("--seed", type=int, default=0)
     _output_args(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("verify", help="run a plan and ONNX Runtime on the same inputs and compare")
+    p = sub.add_parser(
+        "verify",
+        help="run a plan and its oracle (ONNX Runtime on the source model, or the reference executor "
+        "on the primitive graph for plans made from PyTorch) on the same inputs and compare",
+    )
     p.add_argument("plan", metavar="PLAN_DIR")
+    _plan_args(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tolerance", type=float, default=1e-4, help="largest relative error accepted")
+    p.add_argument(
+        "--tolerance", type=_at_least(0.0, float), default=1e-4, help="largest relative error accepted"
+    )
     _output_args(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("bench", help="time a plan against its peers, interleaved")
     p.add_argument("target", metavar="MODEL.onnx|PLAN_DIR")
-    p.add_argument("--vs", default="onnxruntime", help="comma-separated peers (onnxruntime)")
+    _plan_args(p)
+    p.add_argument(
+        "--vs",
+        default="onnxruntime",
+        help="comma-separated peers: onnxruntime, eager, torch-compile, torch-compile-max-autotune, "
+        "torch-compile-cudagraphs (torch peers need a model built by `korch zoo`)",
+    )
     p.add_argument("--device", default="cpu")
-    p.add_argument("--rounds", type=int, default=10, help="interleaved blocks per system")
+    p.add_argument("--rounds", type=_at_least(1), default=10, help="interleaved blocks per system")
     p.add_argument("--cache", help="profile database when optimizing a model")
+    p.add_argument("--time-budget", type=float, help="seconds of profiling when optimizing a model")
     p.add_argument("--shape", action="append", type=_parse_shape, metavar="NAME=D0xD1x...")
     _output_args(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("explain", help="what a plan chose and why: kernels, alternatives, graph")
+    p.add_argument("plan", metavar="PLAN_DIR")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    _output_args(p)
+    p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("zoo", help="build the bundled model zoo as ONNX files (random weights)")
     p.add_argument("names", nargs="*", help="models to build (default: all)")
@@ -352,10 +478,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (tests and callers may swap it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def _configure_logging(verbose: bool) -> None:
+    """korch's warnings (and with --verbose its notes) go to stderr as plain lines."""
+    logger = logging.getLogger("korch")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `korch ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KorchError as e:
         print(f"korch: error: {e}", file=sys.stderr)
         return 2

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Container, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -20,24 +22,38 @@ FORMAT = "korch.primgraph/1"
 INLINE_LIMIT = 16  # constants up to this many elements are written into the JSON itself
 
 
-def _attr_to_json(value: Any) -> Any:
+BLOB_REF = "blob_sha256"  # a large bytes attribute (a whole source model) stored elsewhere
+
+
+def _attr_to_json(value: Any, by_reference: Container[str] = ()) -> Any:
     if isinstance(value, bytes):
+        digest = hashlib.sha256(value).hexdigest() if by_reference else ""
+        if digest in by_reference:
+            return {BLOB_REF: digest}
         return {"base64": base64.b64encode(value).decode()}
     if isinstance(value, tuple):
-        return [_attr_to_json(v) for v in value]
+        return [_attr_to_json(v, by_reference) for v in value]
     return value
 
 
-def _attr_from_json(value: Any) -> Any:
+def _attr_from_json(value: Any, blobs: Mapping[str, bytes]) -> Any:
     if isinstance(value, dict) and set(value) == {"base64"}:
         return base64.b64decode(value["base64"])
+    if isinstance(value, dict) and set(value) == {BLOB_REF}:
+        if value[BLOB_REF] not in blobs:
+            raise KorchError(
+                f"an attribute refers to data that is not here (sha256 {value[BLOB_REF][:12]}...)"
+            )
+        return blobs[value[BLOB_REF]]
     if isinstance(value, list):
-        return tuple(_attr_from_json(v) for v in value)
+        return tuple(_attr_from_json(v, blobs) for v in value)
     return value
 
 
-def graph_to_json(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
-    """The JSON document and the arrays too large to inline."""
+def graph_to_json(graph: Graph, by_reference: Container[str] = ()) -> tuple[dict, dict[str, np.ndarray]]:
+    """The JSON document and the arrays too large to inline. Bytes attributes whose sha256 is in
+    `by_reference` (a whole source model) are written as that digest: the caller keeps the bytes
+    and hands them back to load_graph_json."""
     big: dict[str, np.ndarray] = {}
     consts = []
     for name, array in graph.constants.items():
@@ -64,7 +80,7 @@ def graph_to_json(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
                     {"name": v, "shape": list(graph.types[v].shape), "dtype": graph.types[v].dtype}
                     for v in node.outputs
                 ],
-                "attrs": {k: _attr_to_json(v) for k, v in node.attrs},
+                "attrs": {k: _attr_to_json(v, by_reference) for k, v in node.attrs},
                 "origin": node.origin,
             }
             for node in graph.nodes
@@ -114,8 +130,9 @@ def load_graph(path: str | os.PathLike) -> Graph:
         raise KorchError(f"{path}: cannot read primitive graph ({type(e).__name__}: {e})") from None
 
 
-def load_graph_json(doc: dict, arrays=None) -> Graph:
-    """A graph from its JSON document; constants not inlined come from `arrays` (name -> array)."""
+def load_graph_json(doc: dict, arrays=None, blobs: Mapping[str, bytes] | None = None) -> Graph:
+    """A graph from its JSON document; constants not inlined come from `arrays` (name -> array),
+    bytes attributes stored by reference from `blobs` (sha256 -> bytes)."""
     if doc.get("format") != FORMAT:
         raise KorchError(f"not a korch primitive graph (format {doc.get('format')!r})")
     arrays = arrays or {}
@@ -134,7 +151,9 @@ def load_graph_json(doc: dict, arrays=None) -> Graph:
     for nd in doc["nodes"]:
         for o in nd["outputs"]:
             types[o["name"]] = TensorType(tuple(o["shape"]), o["dtype"])
-        attrs = tuple(sorted((k, freeze_attr(_attr_from_json(v))) for k, v in nd["attrs"].items()))
+        attrs = tuple(
+            sorted((k, freeze_attr(_attr_from_json(v, blobs or {}))) for k, v in nd["attrs"].items())
+        )
         outputs = tuple(o["name"] for o in nd["outputs"])
         nodes.append(Node(Prim(nd["prim"]), tuple(nd["inputs"]), outputs, attrs, nd.get("origin", "")))
     graph = Graph(

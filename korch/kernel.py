@@ -8,6 +8,8 @@ from types import MappingProxyType
 from korch.candidates import SMALL_CONSTANT, Candidate
 from korch.ir import Graph, Node, verify
 
+SOURCE_MODEL_PREFIX = "model-"  # key prefix of the source model run whole (korch.pipeline)
+
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -19,7 +21,7 @@ class KernelSpec:
     graph: Graph
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    seed: bool = False  # a whole partition (see korch.optimize.add_seeds)
+    seed: bool = False  # a whole partition (see korch.pipeline.add_seeds)
 
     @property
     def signature(self) -> str:

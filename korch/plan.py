@@ -3,6 +3,7 @@ as a self-contained directory (written to a temporary name, then renamed) and lo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ from korch.errors import KorchError
 from korch.graph_io import graph_to_json, load_graph_json
 from korch.ir import Graph
 from korch.kernel import KernelSpec
+from korch.plan_check import check_manifest, check_versions, write_manifest
 from korch.prims import TensorType
 
 FORMAT = "korch.plan/1"
@@ -41,6 +43,7 @@ class Plan:
     predicted_ms: float = 0.0
     meta: dict = field(default_factory=dict)
     model: object = field(default=None, repr=False)  # the pinned ONNX model, for `korch verify`
+    graph: Graph | None = field(default=None, repr=False)  # the whole primitive graph, for reports
     _executable: object = field(default=None, repr=False)
 
     # -------------------------------------------------------------- execution
@@ -62,9 +65,20 @@ class Plan:
         """Write the plan atomically: a half-written directory is never loadable as a plan."""
         directory = Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp"))
+        _remove_dead_temporaries(directory)
+        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp{os.getpid()}-"))
         try:
-            np.savez(tmp / "weights.npz", **{f"w{i}": a for i, a in enumerate(self.weights.values())})
+            arrays = dict(self.weights)  # one copy of each large array, shared with the graph
+            graph_doc = None
+            if self.graph is not None:
+                graph_doc, big = graph_to_json(self.graph)
+                arrays.update((v, a) for v, a in big.items() if v not in arrays)
+            keys = {name: f"w{i}" for i, name in enumerate(arrays)}
+            np.savez(tmp / "weights.npz", **{keys[n]: a for n, a in arrays.items()})
+            if graph_doc is not None:
+                graph_doc["arrays"] = {v: keys[v] for v in big}
+                (tmp / "graph.json").write_text(json.dumps(graph_doc))
+            source = hashlib.sha256(self.model.SerializeToString()).hexdigest() if self.model else ""
             doc = {
                 "format": FORMAT,
                 "device": self.device,
@@ -72,14 +86,17 @@ class Plan:
                 "meta": self.meta,
                 "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in self.inputs],
                 "outputs": [{"value": v, "name": n} for v, n in self.outputs],
-                "weights": {name: f"w{i}" for i, name in enumerate(self.weights)},
-                "kernels": [_kernel_to_json(k) for k in self.kernels],
+                "weights": {name: keys[name] for name in self.weights},
+                "kernels": [_kernel_to_json(k, source) for k in self.kernels],
             }
             if self.model is not None:
                 import onnx
 
                 onnx.save(self.model, str(tmp / "model.onnx"))
             (tmp / "plan.json").write_text(json.dumps(doc, indent=1))
+            write_manifest(tmp)  # last: a directory without it is incomplete
+            if directory.exists() and not directory.is_dir():
+                raise KorchError(f"{directory} exists and is not a directory; not overwriting it")
             if directory.exists():
                 if not (directory / "plan.json").exists() and any(directory.iterdir()):
                     raise KorchError(f"{directory} exists and is not a plan directory; not overwriting it")
@@ -95,7 +112,9 @@ class Plan:
         return directory
 
     @staticmethod
-    def load(directory: str | os.PathLike) -> Plan:
+    def load(directory: str | os.PathLike, allow_mismatch: bool = False) -> Plan:
+        """Load a plan; damaged plans and plans built with other versions (korch, torch,
+        onnxruntime, the kernels' backends, the device) are refused unless `allow_mismatch`."""
         directory = Path(directory)
         try:
             doc = json.loads((directory / "plan.json").read_text())
@@ -104,24 +123,37 @@ class Plan:
         except (OSError, ValueError) as e:
             raise KorchError(f"{directory}: unreadable plan ({e})") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise KorchError(f"{directory}: not a korch plan (format {doc.get('format')!r})")
+            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise KorchError(f"{directory}: not a korch plan (format {found!r})")
+        check_manifest(directory)
         try:
-            arrays = np.load(directory / "weights.npz")
+            with np.load(directory / "weights.npz") as npz:  # each array read once, shared
+                arrays = {key: npz[key] for key in npz.files}
             weights = {name: np.asarray(arrays[key]) for name, key in doc["weights"].items()}
-            kernels = [_kernel_from_json(k) for k in doc["kernels"]]
+            model = _load_model(directory / "model.onnx") if (directory / "model.onnx").exists() else None
+            blob = model.SerializeToString() if model is not None else b""
+            blobs = {hashlib.sha256(blob).hexdigest(): blob} if blob else {}
+            kernels = [_kernel_from_json(k, blobs) for k in doc["kernels"]]
             inputs = [(i["name"], TensorType(tuple(i["shape"]), i["dtype"])) for i in doc["inputs"]]
             outputs = [(o["value"], o["name"]) for o in doc["outputs"]]
+            plan = Plan(
+                inputs,
+                outputs,
+                kernels,
+                weights,
+                str(doc["device"]),
+                float(doc["predicted_ms"]),
+                dict(doc.get("meta", {})),
+            )
         except KorchError:
             raise
         except Exception as e:
             raise KorchError(f"{directory}: corrupt plan ({type(e).__name__}: {e})") from None
-        plan = Plan(
-            inputs, outputs, kernels, weights, doc["device"], doc["predicted_ms"], doc.get("meta", {})
-        )
-        if (directory / "model.onnx").exists():
-            import onnx
-
-            plan.model = onnx.load(str(directory / "model.onnx"))
+        backends = {k.backend for k in kernels}
+        check_versions(directory, plan.meta, plan.device, backends, allow_mismatch)
+        if (directory / "graph.json").exists():
+            plan.graph = _load_graph(directory / "graph.json", arrays)
+        plan.model = model
         return plan
 
     # ------------------------------------------------------------- checking
@@ -131,19 +163,62 @@ class Plan:
 
         return check.random_feeds(self.inputs, self.meta.get("input_bounds", {}), seed)
 
-    def verify(self, seed: int = 0) -> float:
-        """Largest relative error of the plan against ONNX Runtime on the original model."""
-        from korch import check
+    @property
+    def oracle(self) -> str | None:
+        """What verify() compares against: the source ONNX model in ONNX Runtime, else the
+        primitive graph in the numpy reference executor (plans made from PyTorch modules)."""
+        if self.model is not None:
+            return "ONNX Runtime"
+        return "the reference executor" if self.graph is not None else None
 
-        if self.model is None:
-            raise KorchError("this plan has no source model to verify against")
+    def verify(self, seed: int = 0) -> float:
+        """Largest relative error of the plan against its oracle (see `oracle`)."""
+        from korch import check, reference
+
+        if self.oracle is None:
+            raise KorchError("this plan has no source model or primitive graph to verify against")
         feeds = self.random_inputs(seed)
-        want = check.onnxruntime_outputs(self.model, feeds)
+        if self.model is not None:
+            want = check.onnxruntime_outputs(self.model, feeds)
+        else:
+            want = reference.run(self.graph, feeds)
         return check.compare_outputs(self.run(feeds), want)
 
 
-def _kernel_to_json(k: PlanKernel) -> dict:
-    doc, big = graph_to_json(k.spec.graph)
+def _remove_dead_temporaries(directory: Path) -> None:
+    """Half-written copies left by saves that were killed (their process is gone)."""
+    for tmp in directory.parent.glob(f".{directory.name}.tmp*-*"):
+        pid = tmp.name[len(f".{directory.name}.tmp") :].partition("-")[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, OSError):
+            continue  # not ours, or alive under another user
+
+
+def _load_model(path: Path):
+    from korch.frontend.onnx_import import load_model
+
+    try:
+        return load_model(path)
+    except KorchError as e:
+        raise KorchError(f"corrupt plan: {e}") from None
+
+
+def _load_graph(path: Path, arrays) -> Graph:
+    try:
+        doc = json.loads(path.read_text())
+        return load_graph_json(doc, {v: arrays[key] for v, key in doc.pop("arrays", {}).items()})
+    except KorchError as e:
+        raise KorchError(f"{path}: {e}") from None
+    except Exception as e:
+        raise KorchError(f"{path}: corrupt primitive graph ({type(e).__name__}: {e})") from None
+
+
+def _kernel_to_json(k: PlanKernel, source: str = "") -> dict:
+    """`source`: the sha256 of model.onnx; a kernel running the source model refers to it."""
+    doc, big = graph_to_json(k.spec.graph, by_reference={source} if source else ())
     if big:
         raise KorchError("internal: kernel graphs carry only small constants")
     return {
@@ -158,8 +233,9 @@ def _kernel_to_json(k: PlanKernel) -> dict:
     }
 
 
-def _kernel_from_json(d: dict) -> PlanKernel:
-    spec = KernelSpec(d["key"], load_graph_json(d["graph"]), tuple(d["inputs"]), tuple(d["outputs"]))
+def _kernel_from_json(d: dict, blobs: dict[str, bytes]) -> PlanKernel:
+    graph = load_graph_json(d["graph"], blobs=blobs)
+    spec = KernelSpec(d["key"], graph, tuple(d["inputs"]), tuple(d["outputs"]))
     return PlanKernel(d["backend"], spec, d["cost_ms"], tuple(d["nodes"]), tuple(d["free_after"]))
 
 
@@ -205,4 +281,5 @@ def build_plan(graph: Graph, solution, device: str, meta: dict, specs: dict | No
         device=device,
         predicted_ms=sum(k.cost_ms for k in kernels),
         meta=meta,
+        graph=graph,
     )

@@ -7,6 +7,7 @@ the run); timing then runs in a single worker so kernels are never timed while o
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import multiprocessing as mp
 import os
 import statistics
@@ -21,12 +22,12 @@ import numpy as np
 import torch
 
 from korch import check, reference
-from korch.backends import Backend, device_name
+from korch.backends import Backend, device_name, torch_ops
 from korch.backends.torch_ops import to_tensor
 from korch.candidates import CandidateSet
 from korch.graph_io import graph_to_json
 from korch.ir import Graph
-from korch.kernel import KernelSpec, kernel_spec
+from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_spec
 from korch.profile_db import Profile, ProfileDB
 
 CHECK_TOLERANCE = {"float16": 1e-2}
@@ -42,6 +43,8 @@ class ProfileOptions:
     time_timeout: float = 120.0
     min_time: float = 0.05  # seconds of measured calls per kernel
     progress: bool = True
+    executor: str = "local"  # "local" worker processes, or "ray" (compile jobs over a Ray cluster)
+    ray_address: str | None = None  # None: a running cluster from RAY_ADDRESS, else a local one
 
 
 @dataclass
@@ -201,19 +204,14 @@ class _Pool:
         child.close()
         return [proc, parent, None, 0.0]
 
-    def run(self, jobs, timeout: float, on_result, deadline: float | None):
+    def run(self, jobs, timeout: float, on_result) -> None:
         pending = list(jobs)
         pending.reverse()
-        skipped = 0
         while len(self.workers) < min(self.size, len(pending)):
             self.workers.append(self._spawn())
         while pending or any(w[2] is not None for w in self.workers):
             for w in self.workers:
                 if w[2] is None and pending:
-                    if deadline is not None and time.time() > deadline:
-                        skipped += len(pending)
-                        pending.clear()
-                        break
                     w[2], w[3] = pending.pop(), time.time()
                     w[1].send(w[2])
             busy = [w for w in self.workers if w[2] is not None]
@@ -243,7 +241,6 @@ class _Pool:
                     w[0].join()
                     on_result(w[2], {"status": "failed", "reason": reason})
                     self.workers[i] = self._spawn()
-        return skipped
 
     def close(self):
         for proc, conn, _, _ in self.workers:
@@ -253,6 +250,16 @@ class _Pool:
             if proc.is_alive():
                 proc.kill()
         self.workers = []
+
+
+def _compile_pool(options: ProfileOptions, workers: int, threads: int):
+    if options.executor == "ray":
+        from korch.ray_pool import make_ray_pool
+
+        pool = make_ray_pool(options.device, options.ray_address, threads)
+        if pool is not None:
+            return pool
+    return _Pool(workers, threads)
 
 
 # ------------------------------------------------------------------ orchestration
@@ -278,19 +285,42 @@ class _Progress:
 
 
 def _activations(graph: Graph, needed: set[str], seed: int = 0) -> dict[str, np.ndarray]:
-    """Real intermediate values (a reference run on seeded inputs): kernels are checked and timed on
-    the data they will see, not on noise that makes sqrt and log produce NaN."""
-    return reference.evaluate(graph, check.random_inputs(graph, seed), needed)
+    """Real intermediate values (a run on seeded inputs): kernels are checked and timed on the data
+    they will see, not on noise that makes sqrt and log produce NaN. Torch ops compute them (numpy
+    convolutions take minutes on large models); the reference stays the oracle in the checks."""
+
+    def step(node, arrays):
+        try:
+            outs = torch_ops.apply(node.prim, [to_tensor(a) for a in arrays], node.a)
+        except NotImplementedError:
+            return node.prim.ref(arrays, node.a)
+        return [o.numpy() for o in outs]
+
+    with torch.inference_mode():
+        return reference.evaluate(graph, check.random_inputs(graph, seed), needed, step)
+
+
+def _coverage(jobs: list[tuple[KernelSpec, Backend]], done: set[str]) -> list[tuple[KernelSpec, Backend]]:
+    """What still runs after the time budget: each single primitive that no backend has run yet
+    (`done`), on its first backend in priority order, so every primitive has some kernel and a plan
+    (and the greedy baseline) exists."""
+    seen = set(done)
+    keep = []
+    for spec, backend in jobs:
+        if len(spec.graph.nodes) == 1 and spec.key not in seen:
+            seen.add(spec.key)
+            keep.append((spec, backend))
+    return keep
 
 
 def _priority(job: tuple[KernelSpec, Backend]) -> tuple:
-    """Under a time budget what matters most is profiled first: every single primitive and every
-    whole-partition seed (a complete plan needs them), cheap-to-compile backends before Inductor,
-    then larger fusions before smaller ones."""
+    """Under a time budget what matters most is profiled first: the source model run whole (a
+    complete plan on its own), every single primitive and every whole-partition seed (a complete
+    plan needs them), cheap-to-compile backends before Inductor, then larger fusions first."""
     spec, backend = job
     size = len(spec.graph.nodes)
     essential = size == 1 or spec.seed
-    return (not essential, backend.name == "inductor", -size)
+    return (not spec.key.startswith(SOURCE_MODEL_PREFIX), not essential, backend.name == "inductor", -size)
 
 
 def profile(
@@ -364,7 +394,12 @@ def profile(
             outcome.get("compile_s"),
             outcome.get("reason"),
         )
-        db.store(prof, backend.version(), device, spec.signature, job["spec"])
+        # the database keeps a source model by its sha256, not a second copy of its bytes
+        doc = job["spec"]
+        if spec.key.startswith(SOURCE_MODEL_PREFIX):
+            blobs = [v for n in spec.graph.nodes for _, v in n.attrs if isinstance(v, bytes)]
+            doc = graph_to_json(spec.graph, {hashlib.sha256(b).hexdigest() for b in blobs})[0]
+        db.store(prof, backend.version(), device, spec.signature, doc)
         result.profiles[spec.key][backend.name] = prof
         result.profiled += 1
         if failed:
@@ -374,27 +409,27 @@ def profile(
     timing: list[dict] = []
     cores = os.cpu_count() or 1
     workers = options.jobs or cores
-    compile_pool = _Pool(workers, threads=max(1, cores // workers))
+    compile_pool = _compile_pool(options, workers, threads=max(1, cores // workers))
     timer = _Pool(1, threads=torch.get_num_threads())
     progress = _Progress(len(jobs), "profiling", options.progress)
     chunk = max(16, 8 * workers)  # compile a chunk in parallel, then time it alone
-    ordered = sorted(jobs, key=_priority)
+    queue, first, late = sorted(jobs, key=_priority), 0, False
     try:
-        for first in range(0, len(ordered), chunk):
-            batch = ordered[first : first + chunk]
-            if deadline is not None and time.time() > deadline:
-                result.skipped += len(ordered) - first
-                break
+        while first < len(queue):
+            if not late and first and deadline is not None and time.time() > deadline:
+                done = {k for k, by in result.profiles.items() if any(p.status == "ok" for p in by.values())}
+                rest = _coverage(queue[first:], done)
+                result.skipped += len(queue) - first - len(rest)
+                queue, first, late = rest, 0, True
+                continue
+            batch, first = queue[first : first + chunk], first + chunk
             timing.clear()
-            result.skipped += compile_pool.run(
+            compile_pool.run(
                 [make_job(s, b, "compile") for s, b in batch],
                 options.compile_timeout,
                 lambda j, o: record(j, o, progress, final=False),
-                deadline,
             )
-            result.skipped += timer.run(
-                list(timing), options.time_timeout, lambda j, o: record(j, o, progress, final=True), None
-            )
+            timer.run(list(timing), options.time_timeout, lambda j, o: record(j, o, progress, final=True))
     finally:
         compile_pool.close()
         timer.close()

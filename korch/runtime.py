@@ -3,12 +3,16 @@ them in order on device tensors, releasing each buffer after its last reader."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from korch.backends import all_backends
 from korch.backends.torch_ops import DTYPES
 from korch.errors import KorchError
+
+log = logging.getLogger("korch")
 
 
 class Executable:
@@ -30,8 +34,44 @@ class Executable:
         self.weights = {v: torch.as_tensor(np.array(a)).to(device) for v, a in plan.weights.items()}
         self.input_names = [n for n, _ in plan.inputs]
         self.input_types = dict(plan.inputs)
+        self._cuda_graph = None  # (graph, static inputs, static outputs) once captured; False: cannot
 
     def run_tensors(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The plan's outputs. On CUDA the kernel sequence is captured once as a CUDA graph and
+        replayed (one launch for the whole plan); the outputs then live in the graph's static
+        buffers, overwritten by the next call (`__call__` copies them out)."""
+        if self.plan.device.startswith("cuda"):
+            if self._cuda_graph is None:
+                self._cuda_graph = self._capture(feeds)
+            if self._cuda_graph:
+                graph, static_in, static_out = self._cuda_graph
+                for name, tensor in feeds.items():
+                    static_in[name].copy_(tensor)
+                graph.replay()
+                return static_out
+        return self._run(feeds)
+
+    def _capture(self, feeds: dict[str, torch.Tensor]):
+        """(graph, static inputs, static outputs), or False when some kernel cannot be captured
+        (an ONNX Runtime session, say): the plan then runs kernel by kernel."""
+        static_in = {name: t.clone() for name, t in feeds.items()}
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up outside the graph: lazy initialisation, autotuning
+                    self._run(static_in)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = self._run(static_in)
+            return graph, static_in, static_out
+        except Exception as e:
+            line = (str(e).strip().splitlines() or [""])[0][:160]
+            log.info("korch: CUDA graph capture failed (%s); running kernel by kernel", line)
+            return False
+
+    def _run(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         env = dict(self.weights)
         env.update(feeds)
         for fn, ins, outs, free in self.steps:
@@ -40,6 +80,31 @@ class Executable:
             for v in free:
                 env.pop(v, None)
         return [env[v] for v, _ in self.plan.outputs]
+
+    def time_steps(self, feeds: dict[str, torch.Tensor], repeats: int = 5) -> tuple[float, list[float]]:
+        """Median milliseconds of the whole plan and of each kernel in place (in plan order, with
+        the caches and thread pools as the kernels before it left them): what the cost model's
+        sum of isolated timings is checked against."""
+        import statistics
+        import time
+
+        cuda = self.plan.device.startswith("cuda")
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        totals, per_step = [], [[] for _ in self.steps]
+        for _ in range(repeats + 1):  # the first run warms up
+            env = dict(self.weights)
+            env.update(feeds)
+            sync()
+            begin = time.perf_counter()
+            for i, (fn, ins, outs, free) in enumerate(self.steps):
+                start = time.perf_counter()
+                env.update(zip(outs, fn(*[env[v] for v in ins])))
+                sync()
+                per_step[i].append((time.perf_counter() - start) * 1e3)
+                for v in free:
+                    env.pop(v, None)
+            totals.append((time.perf_counter() - begin) * 1e3)
+        return statistics.median(totals[1:]), [statistics.median(t[1:]) for t in per_step]
 
     def feeds(self, inputs, named) -> dict[str, torch.Tensor]:
         if len(inputs) > len(self.input_names):
@@ -63,6 +128,8 @@ class Executable:
         """Numpy arrays in, numpy arrays out; torch tensors in, torch tensors out."""
         as_numpy = not any(isinstance(x, torch.Tensor) for x in (*inputs, *named.values()))
         outs = self.run_tensors(self.feeds(inputs, named))
+        if self._cuda_graph:
+            outs = [o.clone() for o in outs]  # the graph's buffers are overwritten by the next call
         return [o.detach().cpu().numpy() for o in outs] if as_numpy else outs
 
     def run_numpy(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

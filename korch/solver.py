@@ -47,6 +47,7 @@ class Solution:
             "status": self.status,
             "gap": self.gap,
             "seconds": round(self.seconds, 4),
+            "max_partition_seconds": max((p["seconds"] for p in self.partitions), default=0.0),
             "objective_ms": round(self.objective_ms, 6),
             "cycle_cuts": self.cuts,
         }

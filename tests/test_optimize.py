@@ -11,8 +11,9 @@ import torch
 from onnx import helper
 
 import korch
+from korch import reference
 from korch.errors import KorchError
-from korch.optimize import OptimizeOptions, optimize
+from korch.pipeline import OptimizeOptions, optimize
 from korch.plan import Plan
 
 FAST = dict(backends=("onnxruntime", "vendor"), min_time=0.002, progress=False)
@@ -81,6 +82,11 @@ def test_optimize_verify_save_load(model_path, tmp_path):
     out = korch.load(tmp_path / "plan")(torch.from_numpy(x))[0]
     assert isinstance(out, torch.Tensor)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+    # the whole primitive graph travels with the plan, sharing its weight arrays
+    loaded = korch.load(tmp_path / "plan")
+    assert loaded.graph.text() == plan.graph.text()
+    ref = reference.run(loaded.graph, {"x": x})
+    np.testing.assert_allclose(next(iter(ref.values())), want, rtol=1e-4, atol=1e-5)
 
 
 def test_second_optimize_uses_the_cache(model_path, tmp_path):
@@ -205,12 +211,51 @@ def test_the_source_model_is_a_candidate(model_path, tmp_path):
     slower than it in the cost model; when it wins, the plan is that one kernel."""
     import sqlite3
 
-    plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
+    options = OptimizeOptions(cache=tmp_path / "p.sqlite", measure=False, **FAST)  # isolated costs
+    plan = optimize(model_path, options=options)
     rows = (
         sqlite3.connect(tmp_path / "p.sqlite")
-        .execute("SELECT status, median_ms FROM profiles WHERE key LIKE 'model-%'")
+        .execute("SELECT status, median_ms, spec FROM profiles WHERE key LIKE 'model-%'")
         .fetchall()
     )
     assert len(rows) == 1 and rows[0][0] == "ok"
+    assert "blob_sha256" in rows[0][2] and "base64" not in rows[0][2]  # the model is not copied
     assert plan.predicted_ms <= rows[0][1] + 1e-9
     assert plan.verify() <= 1e-4
+
+
+def test_a_source_model_plan_keeps_the_model_once(model_path, tmp_path):
+    """The source-model kernel refers to the plan's model.onnx instead of embedding it."""
+    from korch.kernel import SOURCE_MODEL_PREFIX
+    from korch.pipeline import original_model_seed
+    from korch.plan import PlanKernel
+    from korch.solver import Solution
+
+    result = korch.fission(model_path)
+    cand, spec = original_model_seed(result.graph, result.model)
+    from korch.plan import build_plan
+    from korch.solver import Choice
+
+    plan = build_plan(result.graph, Solution([Choice(cand, "onnxruntime", 1.0)]), "cpu", {}, {cand.key: spec})
+    plan.model = result.model
+    assert isinstance(plan.kernels[0], PlanKernel) and plan.kernels[0].spec.key.startswith(
+        SOURCE_MODEL_PREFIX
+    )
+    plan.save(tmp_path / "plan")
+    text = (tmp_path / "plan" / "plan.json").read_text()
+    assert "blob_sha256" in text and "base64" not in text
+    loaded = korch.load(tmp_path / "plan")
+    assert loaded.verify() <= 1e-6
+
+
+def test_a_zero_time_budget_still_makes_a_verified_plan(model_path, tmp_path):
+    """The first chunk (the source model run whole first of all) is always profiled."""
+    plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", time_budget=0, **FAST))
+    assert plan.meta["profiling"]["skipped"] > 0
+    assert plan.verify() <= 1e-4
+
+
+def test_the_public_optimize_stays_a_function_after_importing_the_pipeline():
+    import korch.pipeline  # noqa: F401  (a submodule named like the function would shadow it)
+
+    assert callable(korch.optimize) and korch.optimize.__module__ == "korch"

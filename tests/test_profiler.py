@@ -73,7 +73,12 @@ def test_time_budget_skips_and_reports(tmp_path):
     cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
     opts = ProfileOptions(min_time=0.002, progress=False, time_budget=0.0)
     result = profile(graph, cands, get_backends(["onnxruntime"]), ProfileDB(tmp_path / "p.sqlite"), opts)
-    assert result.profiled == 0 and result.skipped == cands.unique_keys
+    # past the deadline only single primitives still run (so a plan can be made); the rest is
+    # skipped and counted
+    singles = {c.key for c in cands.candidates if len(c.nodes) == 1}
+    assert singles <= set(result.profiles)
+    assert 0 < result.profiled < cands.unique_keys
+    assert result.profiled + result.skipped == cands.unique_keys
 
 
 SCRIPT = textwrap.dedent("""

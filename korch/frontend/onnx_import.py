@@ -21,15 +21,17 @@ from korch.ir import Graph, GraphBuilder, verify
 from korch.prims import Prim, TensorType
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+MAX_TENSOR_BYTES = 2**36  # no value may be larger: more than any machine korch runs on holds
 
 
 @dataclass
 class FissionResult:
     graph: Graph
-    model: onnx.ModelProto  # the model with input shapes pinned, for checking against ONNX Runtime
-    onnx_nodes: int
+    model: onnx.ModelProto | None  # the model with input shapes pinned (None from PyTorch)
+    onnx_nodes: int  # source operators: ONNX nodes, or ATen calls from PyTorch
     opaque: list[tuple[str, str]] = field(default_factory=list)  # (op type, reason)
     warnings: list[str] = field(default_factory=list)
+    source: str = "onnx"  # "onnx" or "torch"
 
     @property
     def opaque_ops(self) -> list[str]:
@@ -132,9 +134,24 @@ def _input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) 
             f"symbolic input dimensions {', '.join(unpinned)} must be pinned, e.g. --shape NAME=1x3x224x224"
         )
     for name, t in types.items():
-        if t.numel * np.dtype(t.dtype).itemsize > 2**36:
+        if t.numel * np.dtype(t.dtype).itemsize > MAX_TENSOR_BYTES:
             raise KorchError(f"input {name!r} of shape {list(t.shape)} is too large ({t.nbytes} bytes)")
+    _check_initializer_defaults(model)
     return types
+
+
+def _check_initializer_defaults(model: onnx.ModelProto) -> None:
+    """An initializer named like a graph input is that input's default: their types must agree."""
+    declared = {i.name: i.type.tensor_type for i in model.graph.input}
+    for init in model.graph.initializer:
+        tt = declared.get(init.name)
+        if tt is None or not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if len(dims) != len(init.dims) or any(d is not None and d != i for d, i in zip(dims, init.dims)):
+            raise KorchError(
+                f"initializer {init.name!r} has shape {list(init.dims)}, its graph input declares {dims}"
+            )
 
 
 def _pin(model: onnx.ModelProto, types: Mapping[str, TensorType], owned: bool) -> onnx.ModelProto:
@@ -176,6 +193,8 @@ def import_onnx(
     opset = opsets.get("", opsets.get("ai.onnx"))
     if opset is None:
         raise KorchError("the model imports no default-domain opset")
+    if opset > onnx.defs.onnx_opset_version():
+        raise KorchError(f"opset {opset} is newer than this ONNX ({onnx.defs.onnx_opset_version()})")
     types = _input_types(model, shapes or {})
     model = _pin(model, types, owned=not isinstance(source, onnx.ModelProto))
     expected = _inferred_types(skeleton(model))
@@ -204,6 +223,7 @@ def import_onnx(
         for name, value in zip(node.output, outs):
             if name:
                 _check_type(where, name, b.types[value], expected, warnings)
+                _check_size(where, name, b.types[value])
                 env[name] = value
     missing = [o.name for o in model.graph.output if o.name not in env]
     if missing:
@@ -223,6 +243,11 @@ def _check_type(where, name, got: TensorType, expected: Mapping[str, TensorType]
     want = expected.get(name)
     if want is not None and want != got:
         warnings.append(f"{where}: output {name!r} lowered to {got}, ONNX shape inference says {want}")
+
+
+def _check_size(where: str, name: str, t: TensorType) -> None:
+    if t.numel * np.dtype(t.dtype).itemsize > MAX_TENSOR_BYTES:
+        raise KorchError(f"{where}: output {name!r} of shape {list(t.shape)} is too large ({t.nbytes} bytes)")
 
 
 def _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model) -> list[str]:

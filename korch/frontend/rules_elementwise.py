@@ -180,7 +180,7 @@ def prelu(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [ctx.elementwise(Prim.WHERE, is_neg, neg, x)]
 
 
-def _elu_core(ctx: Lowering, x: str, alpha: float) -> str:
+def elu_core(ctx: Lowering, x: str, alpha: float) -> str:
     """alpha * (exp(x) - 1) where x < 0, else x."""
     em1 = ctx.elementwise(Prim.SUB, ctx.unary(Prim.EXP, x), _s(ctx, x, 1))
     neg = ctx.elementwise(Prim.MUL, em1, _s(ctx, x, alpha))
@@ -189,7 +189,7 @@ def _elu_core(ctx: Lowering, x: str, alpha: float) -> str:
 
 @fission("Elu", 1)
 def elu(ctx: Lowering, n: OnnxNode) -> list[str]:
-    return [_elu_core(ctx, n.inputs[0], n.attr("alpha", 1.0))]
+    return [elu_core(ctx, n.inputs[0], n.attr("alpha", 1.0))]
 
 
 @fission("Celu", 12)
@@ -206,26 +206,26 @@ def selu(ctx: Lowering, n: OnnxNode) -> list[str]:
     x = n.inputs[0]
     alpha = n.attr("alpha", 1.67326319217681884765625)
     gamma = n.attr("gamma", 1.05070102214813232421875)
-    return [ctx.elementwise(Prim.MUL, _elu_core(ctx, x, alpha), _s(ctx, x, gamma))]
+    return [ctx.elementwise(Prim.MUL, elu_core(ctx, x, alpha), _s(ctx, x, gamma))]
 
 
-def _hard_sigmoid(ctx: Lowering, x: str, alpha: float, beta: float) -> str:
+def hard_sigmoid_core(ctx: Lowering, x: str, alpha: float, beta: float) -> str:
     y = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, x, _s(ctx, x, alpha)), _s(ctx, x, beta))
     return ctx.elementwise(Prim.MIN, ctx.elementwise(Prim.MAX, y, _s(ctx, x, 0)), _s(ctx, x, 1))
 
 
 @fission("HardSigmoid", 1)
 def hard_sigmoid(ctx: Lowering, n: OnnxNode) -> list[str]:
-    return [_hard_sigmoid(ctx, n.inputs[0], n.attr("alpha", 0.2), n.attr("beta", 0.5))]
+    return [hard_sigmoid_core(ctx, n.inputs[0], n.attr("alpha", 0.2), n.attr("beta", 0.5))]
 
 
 @fission("HardSwish", 14)
 def hard_swish(ctx: Lowering, n: OnnxNode) -> list[str]:
     x = n.inputs[0]
-    return [ctx.elementwise(Prim.MUL, x, _hard_sigmoid(ctx, x, 1.0 / 6.0, 0.5))]
+    return [ctx.elementwise(Prim.MUL, x, hard_sigmoid_core(ctx, x, 1.0 / 6.0, 0.5))]
 
 
-def _softplus(ctx: Lowering, x: str) -> str:
+def softplus_core(ctx: Lowering, x: str) -> str:
     """log(1 + exp(x)) computed as max(x, 0) + log(1 + exp(-|x|)) so large inputs do not overflow."""
     tail = ctx.unary(Prim.EXP, ctx.unary(Prim.NEG, ctx.unary(Prim.ABS, x)))
     log1p = ctx.unary(Prim.LOG, ctx.elementwise(Prim.ADD, tail, _s(ctx, x, 1)))
@@ -234,7 +234,7 @@ def _softplus(ctx: Lowering, x: str) -> str:
 
 @fission("Softplus", 1)
 def softplus(ctx: Lowering, n: OnnxNode) -> list[str]:
-    return [_softplus(ctx, n.inputs[0])]
+    return [softplus_core(ctx, n.inputs[0])]
 
 
 @fission("Softsign", 1)
@@ -247,13 +247,17 @@ def softsign(ctx: Lowering, n: OnnxNode) -> list[str]:
 @fission("Mish", 18)
 def mish(ctx: Lowering, n: OnnxNode) -> list[str]:
     x = n.inputs[0]
-    return [ctx.elementwise(Prim.MUL, x, ctx.unary(Prim.TANH, _softplus(ctx, x)))]
+    return [ctx.elementwise(Prim.MUL, x, ctx.unary(Prim.TANH, softplus_core(ctx, x)))]
 
 
 @fission("Gelu", 20)
 def gelu(ctx: Lowering, n: OnnxNode) -> list[str]:
-    x = n.inputs[0]
-    if n.attr("approximate", "none") == "tanh":
+    return [gelu_core(ctx, n.inputs[0], n.attr("approximate", "none"))]
+
+
+def gelu_core(ctx: Lowering, x: str, approximate: str) -> str:
+    """0.5 * x * (1 + erf(x / sqrt(2))), or the tanh approximation."""
+    if approximate == "tanh":
         cube = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.MUL, x, x), x)
         inner = ctx.elementwise(Prim.ADD, x, ctx.elementwise(Prim.MUL, cube, _s(ctx, x, 0.044715)))
         t = ctx.unary(Prim.TANH, ctx.elementwise(Prim.MUL, inner, _s(ctx, x, math.sqrt(2 / math.pi))))
@@ -261,7 +265,7 @@ def gelu(ctx: Lowering, n: OnnxNode) -> list[str]:
     else:
         erf = ctx.unary(Prim.ERF, ctx.elementwise(Prim.MUL, x, _s(ctx, x, 1 / math.sqrt(2))))
         gate = ctx.elementwise(Prim.ADD, erf, _s(ctx, x, 1))
-    return [ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.MUL, x, gate), _s(ctx, x, 0.5))]
+    return ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.MUL, x, gate), _s(ctx, x, 0.5))
 
 
 @fission("ThresholdedRelu", 10)

@@ -143,12 +143,17 @@ def tile(ctx: Lowering, n: OnnxNode) -> list[str]:
     reps = ctx.ints(n.inputs[1], "Tile's repeats")
     if len(reps) != len(shape):
         raise KorchError(f"Tile repeats {reps} do not match rank {len(shape)}")
+    return [tile_core(ctx, x, reps)]
+
+
+def tile_core(ctx: Lowering, x: str, reps) -> str:
+    shape = ctx.shape(x)
     if all(r == 1 for r in reps):
-        return [x]
+        return x
     interleaved = [v for d in shape for v in (1, d)]
     wide = [v for r, d in zip(reps, shape) for v in (r, d)]
     y = ctx.broadcast_to(ctx.reshape(x, interleaved), wide)
-    return [ctx.reshape(y, [r * d for r, d in zip(reps, shape)])]
+    return ctx.reshape(y, [r * d for r, d in zip(reps, shape)])
 
 
 def _depth_space(ctx: Lowering, x: str, split: list[int], perm: list[int], out: list[int]) -> str:

@@ -77,7 +77,7 @@ def spatial_attrs(n: OnnxNode, sizes, kernel) -> tuple[list[int], list[int], lis
     return strides, pads, dilations
 
 
-def _add_bias(ctx: Lowering, y: str, bias: str | None) -> str:
+def add_bias(ctx: Lowering, y: str, bias: str | None) -> str:
     if bias is None:
         return y
     rank = ctx.rank(y)
@@ -90,7 +90,7 @@ def conv(ctx: Lowering, n: OnnxNode) -> list[str]:
     kernel = ctx.shape(w)[2:]
     strides, pads, dilations = spatial_attrs(n, ctx.shape(x)[2:], kernel)
     y = ctx.emit(Prim.CONV, x, w, strides=strides, pads=pads, dilations=dilations, group=n.attr("group", 1))
-    return [_add_bias(ctx, y, bias)]
+    return [add_bias(ctx, y, bias)]
 
 
 @fission("ConvTranspose", 1)
@@ -129,7 +129,7 @@ def conv_transpose(ctx: Lowering, n: OnnxNode) -> list[str]:
         group=n.attr("group", 1),
         output_padding=out_pad,
     )
-    return [_add_bias(ctx, y, bias)]
+    return [add_bias(ctx, y, bias)]
 
 
 # --------------------------------------------------------------------- einsum

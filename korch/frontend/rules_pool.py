@@ -14,23 +14,24 @@ from korch.prims import FLOAT_DTYPES, Prim
 
 
 def _pool_geometry(ctx: Lowering, n: OnnxNode):
-    """Kernel, strides, dilations, output sizes and the begin/end pads (end pads include the
-    extra room ceil_mode needs for its last, partial window)."""
     sizes = ctx.shape(n.inputs[0])[2:]
     kernel = list(n.attr("kernel_shape"))
     strides, pads, dilations = spatial_attrs(n, sizes, kernel)
+    return kernel, strides, pads, dilations, n.attr("ceil_mode", 0)
+
+
+def _extra_pads(sizes, kernel, strides, pads, dilations, ceil_mode) -> list[int]:
+    """The extra room at the end that ceil_mode needs for its last, partial window."""
     nd = len(kernel)
-    ceil_mode = n.attr("ceil_mode", 0)
-    outs, extra = [], []
+    extra = []
     for i in range(nd):
         extent = (kernel[i] - 1) * dilations[i] + 1
         span = sizes[i] + pads[i] + pads[nd + i] - extent
         out = (math.ceil(span / strides[i]) if ceil_mode else span // strides[i]) + 1
         if ceil_mode and (out - 1) * strides[i] >= sizes[i] + pads[i]:
             out -= 1  # a window may not start inside the end padding
-        outs.append(out)
         extra.append(max(0, (out - 1) * strides[i] + extent - (sizes[i] + pads[i] + pads[nd + i])))
-    return kernel, strides, dilations, outs, pads[:nd], pads[nd:], extra
+    return extra
 
 
 def _windows(ctx, x, kernel, strides, dilations, begins, ends, value):
@@ -42,38 +43,48 @@ def _windows(ctx, x, kernel, strides, dilations, begins, ends, value):
     return ctx.emit(Prim.WINDOW, x, kernel=kernel, strides=strides, dilations=dilations)
 
 
+def max_pool_core(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_mode) -> str:
+    """pad (with the lowest value) -> window -> reduce_max over the trailing spatial axes."""
+    nd = len(kernel)
+    extra = _extra_pads(ctx.shape(x)[-nd:], kernel, strides, pads, dilations, ceil_mode)
+    ends = [e + x_ for e, x_ in zip(pads[nd:], extra)]
+    lowest = float("-inf") if ctx.dtype(x).startswith("float") else int(np.iinfo(ctx.dtype(x)).min)
+    win = _windows(ctx, x, kernel, strides, dilations, pads[:nd], ends, lowest)
+    rank = ctx.rank(win)
+    return ctx.reduce(Prim.REDUCE_MAX, win, range(rank - nd, rank), keepdims=False)
+
+
 @fission("MaxPool", 1)
 def max_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
     if n.n_outputs > 1:
         ctx.unsupported("MaxPool with an Indices output")
-    x = n.inputs[0]
-    kernel, strides, dil, outs, begins, ends, extra = _pool_geometry(ctx, n)
-    ends = [e + x_ for e, x_ in zip(ends, extra)]
-    lowest = float("-inf") if ctx.dtype(x).startswith("float") else int(np.iinfo(ctx.dtype(x)).min)
-    win = _windows(ctx, x, kernel, strides, dil, begins, ends, lowest)
+    return [max_pool_core(ctx, n.inputs[0], *_pool_geometry(ctx, n))]
+
+
+def avg_pool_core(ctx: Lowering, x, kernel, strides, pads, dilations, ceil_mode, count_include_pad) -> str:
+    """pad (zeros) -> window -> reduce_sum, divided by how many window elements each output counts."""
+    nd = len(kernel)
+    sizes = ctx.shape(x)[-nd:]
+    extra = _extra_pads(sizes, kernel, strides, pads, dilations, ceil_mode)
+    begins, ends = pads[:nd], pads[nd:]
+    win = _windows(ctx, x, kernel, strides, dilations, begins, [e + x_ for e, x_ in zip(ends, extra)], 0.0)
     rank = ctx.rank(win)
-    y = ctx.reduce(Prim.REDUCE_MAX, win, range(rank - len(kernel), rank), keepdims=False)
-    return [y]
+    total = ctx.reduce(Prim.REDUCE_SUM, win, range(rank - nd, rank), keepdims=False)
+    # divisor per output position: how many window elements lie inside the counted region
+    mask = np.pad(np.ones(sizes), list(zip(begins, ends)), constant_values=1.0 if count_include_pad else 0.0)
+    mask = np.pad(mask, [(0, e) for e in extra])
+    count = Prim.WINDOW.ref([mask], {"kernel": kernel, "strides": strides, "dilations": dilations})[0]
+    count = count.sum(axis=tuple(range(nd, 2 * nd)))
+    dtype = ctx.dtype(x)
+    if np.all(count == count.flat[0]):
+        return ctx.elementwise(Prim.MUL, total, ctx.scalar(1.0 / count.flat[0], dtype))
+    return ctx.elementwise(Prim.DIV, total, ctx.const(count.astype(dtype)))
 
 
 @fission("AveragePool", 1)
 def average_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
-    x = n.inputs[0]
-    kernel, strides, dil, outs, begins, ends, extra = _pool_geometry(ctx, n)
-    win = _windows(ctx, x, kernel, strides, dil, begins, [e + x_ for e, x_ in zip(ends, extra)], 0.0)
-    rank = ctx.rank(win)
-    total = ctx.reduce(Prim.REDUCE_SUM, win, range(rank - len(kernel), rank), keepdims=False)
-    # divisor per output position: how many window elements lie inside the counted region
-    sizes = ctx.shape(x)[2:]
-    pad_value = 1.0 if n.attr("count_include_pad", 0) else 0.0
-    mask = np.pad(np.ones(sizes), list(zip(begins, ends)), constant_values=pad_value)
-    mask = np.pad(mask, [(0, e) for e in extra])
-    count = Prim.WINDOW.ref([mask], {"kernel": kernel, "strides": strides, "dilations": dil})[0]
-    count = count.sum(axis=tuple(range(len(kernel), 2 * len(kernel))))
-    dtype = ctx.dtype(x)
-    if np.all(count == count.flat[0]):
-        return [ctx.elementwise(Prim.MUL, total, ctx.scalar(1.0 / count.flat[0], dtype))]
-    return [ctx.elementwise(Prim.DIV, total, ctx.const(count.astype(dtype)))]
+    geometry = _pool_geometry(ctx, n)
+    return [avg_pool_core(ctx, n.inputs[0], *geometry, n.attr("count_include_pad", 0))]
 
 
 # ------------------------------------------------------------------- resizing

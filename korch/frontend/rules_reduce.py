@@ -95,7 +95,7 @@ fission("ArgMin", 1)(_arg_rule(Prim.ARGMIN))
 # -------------------------------------------------------------------- softmax
 
 
-def _softmax(ctx: Lowering, x: str, axis: int, log: bool) -> str:
+def softmax(ctx: Lowering, x: str, axis: int, log: bool) -> str:
     """Max-subtracted so exp never sees large positive arguments."""
     m = ctx.reduce(Prim.REDUCE_MAX, x, [axis])
     shifted = ctx.elementwise(Prim.SUB, x, m)
@@ -112,10 +112,10 @@ def _softmax_rule(log: bool, coerce_2d: bool):
         shape = ctx.shape(x)
         (axis,) = normalize_axes([n.attr("axis", 1 if coerce_2d else -1)], len(shape))
         if not coerce_2d:
-            return [_softmax(ctx, x, axis, log)]
+            return [softmax(ctx, x, axis, log)]
         # before opset 13 the input is flattened to 2D at `axis` and normalised over the tail
         flat = ctx.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
-        return [ctx.reshape(_softmax(ctx, flat, 1, log), shape)]
+        return [ctx.reshape(softmax(ctx, flat, 1, log), shape)]
 
     return rule
 
@@ -129,7 +129,7 @@ fission("LogSoftmax", 13)(_softmax_rule(log=True, coerce_2d=False))
 # ------------------------------------------------------------- normalizations
 
 
-def _normalize(ctx: Lowering, x: str, axes, eps: float) -> tuple[str, str, str]:
+def normalize(ctx: Lowering, x: str, axes, eps: float) -> tuple[str, str, str]:
     """(x - mean) * rsqrt(var + eps) over axes; also returns mean and the inverse std-dev."""
     mean = ctx.mean(x, axes)
     centered = ctx.elementwise(Prim.SUB, x, mean)
@@ -139,7 +139,7 @@ def _normalize(ctx: Lowering, x: str, axes, eps: float) -> tuple[str, str, str]:
     return ctx.elementwise(Prim.MUL, centered, inv_std), mean, inv_std
 
 
-def _channel_param(ctx: Lowering, p: str, rank: int) -> str:
+def channel_param(ctx: Lowering, p: str, rank: int) -> str:
     """A per-channel [C] vector shaped [C, 1, ...] to broadcast against [N, C, *spatial]."""
     return ctx.reshape(p, (ctx.shape(p)[0],) + (1,) * (rank - 2))
 
@@ -152,7 +152,7 @@ def layer_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
     rank = ctx.rank(x)
     axis = normalize_axes([n.attr("axis", -1)], rank)[0]
     axes = list(range(axis, rank))
-    y, mean, inv_std = _normalize(ctx, ctx.cast(x, stash), axes, n.attr("epsilon", 1e-5))
+    y, mean, inv_std = normalize(ctx, ctx.cast(x, stash), axes, n.attr("epsilon", 1e-5))
     y = ctx.cast(y, dtype)
     y = ctx.elementwise(Prim.MUL, y, scale)
     if bias is not None:
@@ -164,9 +164,9 @@ def layer_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
 def instance_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
     x, scale, bias = n.inputs[:3]
     rank = ctx.rank(x)
-    y, _, _ = _normalize(ctx, x, range(2, rank), n.attr("epsilon", 1e-5))
-    y = ctx.elementwise(Prim.MUL, y, _channel_param(ctx, scale, rank))
-    return [ctx.elementwise(Prim.ADD, y, _channel_param(ctx, bias, rank))]
+    y, _, _ = normalize(ctx, x, range(2, rank), n.attr("epsilon", 1e-5))
+    y = ctx.elementwise(Prim.MUL, y, channel_param(ctx, scale, rank))
+    return [ctx.elementwise(Prim.ADD, y, channel_param(ctx, bias, rank))]
 
 
 def _group_norm_rule(per_channel: bool):
@@ -179,15 +179,15 @@ def _group_norm_rule(per_channel: bool):
             ctx.unsupported(f"{shape[1]} channels do not split into {groups} groups")
         stash = "float32" if n.attr("stash_type", 1) == 1 else dtype
         grouped = ctx.reshape(ctx.cast(x, stash), (shape[0], groups, math.prod(shape[1:]) // groups))
-        y, _, _ = _normalize(ctx, grouped, [2], n.attr("epsilon", 1e-5))
+        y, _, _ = normalize(ctx, grouped, [2], n.attr("epsilon", 1e-5))
         y = ctx.reshape(ctx.cast(y, dtype), shape)
         if not per_channel:
             # opset 18: one scale/bias per group, repeated over that group's channels
             per_group = (groups, shape[1] // groups)
             scale = ctx.reshape(ctx.broadcast_to(ctx.reshape(scale, (groups, 1)), per_group), [shape[1]])
             bias = ctx.reshape(ctx.broadcast_to(ctx.reshape(bias, (groups, 1)), per_group), [shape[1]])
-        y = ctx.elementwise(Prim.MUL, y, _channel_param(ctx, scale, len(shape)))
-        return [ctx.elementwise(Prim.ADD, y, _channel_param(ctx, bias, len(shape)))]
+        y = ctx.elementwise(Prim.MUL, y, channel_param(ctx, scale, len(shape)))
+        return [ctx.elementwise(Prim.ADD, y, channel_param(ctx, bias, len(shape)))]
 
     return rule
 
@@ -201,17 +201,22 @@ def batch_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
     if n.attr("training_mode", 0) or n.n_outputs > 1:
         ctx.unsupported("training-mode BatchNormalization")
     x, scale, bias, mean, var = n.inputs[:5]
+    return [batch_norm_core(ctx, x, scale, bias, mean, var, n.attr("epsilon", 1e-5), n.attr("spatial", 1))]
+
+
+def batch_norm_core(ctx: Lowering, x, scale, bias, mean, var, epsilon: float, spatial=True) -> str:
+    """Inference batch normalization with running statistics."""
     rank = ctx.rank(x)
     # y = x * a + b with a = scale / sqrt(var + eps), b = bias - mean * a (folded when constant)
-    eps = ctx.scalar(n.attr("epsilon", 1e-5), ctx.dtype(var))
+    eps = ctx.scalar(epsilon, ctx.dtype(var))
     inv_std = ctx.unary(Prim.RECIPROCAL, ctx.unary(Prim.SQRT, ctx.elementwise(Prim.ADD, var, eps)))
     a = ctx.elementwise(Prim.MUL, ctx.cast(scale, ctx.dtype(var)), inv_std)
     b = ctx.elementwise(Prim.SUB, ctx.cast(bias, ctx.dtype(var)), ctx.elementwise(Prim.MUL, mean, a))
     a, b = ctx.cast(a, ctx.dtype(x)), ctx.cast(b, ctx.dtype(x))  # opset 15 allows float32 statistics
     # parameters are per channel ([C]), or per channel and position with spatial=0 (opsets < 9)
-    if rank > 2 and n.attr("spatial", 1):
-        a, b = _channel_param(ctx, a, rank), _channel_param(ctx, b, rank)
-    return [ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, x, a), b)]
+    if rank > 2 and spatial:
+        a, b = channel_param(ctx, a, rank), channel_param(ctx, b, rank)
+    return ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, x, a), b)
 
 
 @fission("GlobalAveragePool", 1)

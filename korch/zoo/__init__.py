@@ -14,7 +14,7 @@ from pathlib import Path
 
 from korch.errors import KorchError
 
-ZOO_VERSION = 1  # bump when a definition changes so cached files are rebuilt
+ZOO_VERSION = 2  # bump when a definition changes so cached files are rebuilt
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,18 @@ def build(name: str, directory: str | os.PathLike | None = None, force: bool = F
                 output_names=list(spec.outputs),
                 do_constant_folding=True,
             )
+        _tag(tmp, name)
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
+
+
+def _tag(path: str, name: str) -> None:
+    """Record which zoo model (and definition version) a file holds, so `korch bench` can rebuild
+    the same PyTorch module as a peer."""
+    import onnx
+
+    model = onnx.load(path)
+    onnx.helper.set_model_props(model, {"korch.zoo": name, "korch.zoo_version": str(ZOO_VERSION)})
+    onnx.save(model, path)

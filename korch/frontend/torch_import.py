@@ -1,0 +1,207 @@
+"""PyTorch import: torch.export a module, decompose to core ATen, lower every ATen op to primitives."""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from korch.errors import KorchError, Unsupported
+from korch.frontend import torch_rules_math, torch_rules_shape  # noqa: F401  (registrations)
+from korch.frontend.aten_lowering import ATEN_RULES, AtenNode, TorchLowering, meta_type, torch_dtype_name
+from korch.frontend.lowering import Lowering
+from korch.frontend.onnx_import import FissionResult
+from korch.ir import GraphBuilder, verify
+
+# ops korch lowers itself better than their decompositions (one primitive instead of index arithmetic)
+_KEEP = (
+    "reflection_pad1d",
+    "reflection_pad2d",
+    "reflection_pad3d",
+    "replication_pad1d",
+    "replication_pad2d",
+    "replication_pad3d",
+    "mish",
+    "softplus",
+    "hardswish",
+    "hardsigmoid",
+)
+
+
+def decomposition_table() -> dict:
+    """PyTorch's core ATen decompositions, minus the ops with a dedicated korch rule."""
+    import torch
+
+    table = torch.export.default_decompositions()
+    for op in list(table):
+        if op.name().split("::")[-1].split(".")[0] in _KEEP:
+            del table[op]
+    return table
+
+
+def export(module, example_inputs: Sequence[Any]):
+    """torch.export the module and decompose it; every failure is a one-line KorchError."""
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = torch.export.export(module, tuple(example_inputs))
+            return ep.run_decompositions(decomposition_table())
+    except Exception as e:
+        line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise KorchError(f"torch.export failed: {type(e).__name__}: {line[:300]}") from None
+
+
+def import_torch(
+    module,
+    example_inputs: Sequence[Any],
+    frozen: Sequence[int] = (),
+    output_names: Sequence[str] | None = None,
+) -> FissionResult:
+    """Export a module and lower it to a primitive graph. Parameters and buffers become constants,
+    and so do the user inputs at the positions in `frozen` (weights Dynamo passes as inputs)."""
+    ep = export(module, example_inputs)
+    return import_exported(ep, {i: example_inputs[i] for i in frozen}, output_names)
+
+
+def import_exported(ep, frozen: dict[int, Any], output_names: Sequence[str] | None = None) -> FissionResult:
+    """Lower an ExportedProgram (already decomposed); `frozen` maps user-input positions to values."""
+    b = GraphBuilder()
+    ctx = TorchLowering(b)
+    env = _placeholders(ep, b, frozen)
+    count = 0
+    for node in ep.graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        count += 1
+        b.origin = f"{_op_name(node.target)}:{node.name}"
+        env[node.name] = _lower(ctx, node, env)
+    outputs = _user_outputs(ep, env)
+    names = list(
+        output_names or (["output"] if len(outputs) == 1 else [f"output{i}" for i in range(len(outputs))])
+    )
+    if len(names) != len(outputs):
+        raise KorchError(f"{len(names)} output names for {len(outputs)} outputs")
+    values = [o if isinstance(o, str) else ctx.const(np.asarray(o)) for o in outputs]
+    graph = b.build(values, names, name=type(ep.module()).__name__ or "main")
+    verify(graph)
+    return FissionResult(graph, None, count, source="torch")
+
+
+def _placeholders(ep, b: GraphBuilder, frozen: dict[int, Any]) -> dict[str, Any]:
+    from torch.export.graph_signature import InputKind
+
+    env: dict[str, Any] = {}
+    state = {**ep.state_dict, **ep.constants}
+    placeholders = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
+    user_index = 0
+    for spec in ep.graph_signature.input_specs:
+        name = spec.arg.name
+        node = placeholders[name]
+        if spec.kind == InputKind.USER_INPUT:
+            val = node.meta.get("val")
+            ttype = meta_type(val)
+            if ttype is None:
+                raise KorchError(f"input {name!r} is not a tensor ({type(val).__name__})")
+            if user_index in frozen:
+                env[name] = b.const(_to_numpy(frozen[user_index]))
+            else:
+                env[name] = b.input(name, ttype)
+            user_index += 1
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            env[name] = b.const(_to_numpy(state[spec.target]))
+        else:
+            raise KorchError(f"unsupported exported input kind {spec.kind.name} ({name})")
+    return env
+
+
+def _to_numpy(tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    torch_dtype_name(tensor.dtype)
+    return tensor.contiguous().numpy().copy()
+
+
+def _user_outputs(ep, env) -> list[Any]:
+    from torch.export.graph_signature import OutputKind
+
+    outs = []
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise KorchError(
+                f"the module mutates its {spec.kind.name.lower()} ({spec.target}); not supported"
+            )
+        arg = spec.arg
+        value = env.get(arg.name) if hasattr(arg, "name") else getattr(arg, "value", None)
+        if value is None:
+            raise KorchError(f"output {arg} is not a tensor")
+        outs.append(value)
+    return outs
+
+
+def _op_name(target) -> str:
+    if target is operator.getitem:
+        return "getitem"
+    name = str(target)
+    return name if name.startswith("aten.") else getattr(target, "__name__", name)
+
+
+def _map_arg(a, env):
+    import torch.fx
+
+    if isinstance(a, torch.fx.Node):
+        return env[a.name]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_map_arg(x, env) for x in a)
+    return a
+
+
+def _lower(ctx: Lowering, node, env) -> Any:
+    name = _op_name(node.target)
+    if name == "getitem":
+        values, index = _map_arg(node.args[0], env), node.args[1]
+        if values[index] is None:
+            raise KorchError(f"output {index} of {node.args[0].name} is not supported")
+        return values[index]
+    rule = ATEN_RULES.get(name)
+    if rule is None:
+        raise KorchError(f"ATen operator {name} has no korch lowering")
+    aten_node = _aten_node(node, name, env)
+    try:
+        result = rule(ctx, aten_node)
+    except (KorchError, Unsupported) as e:
+        raise KorchError(f"{name} ({node.name}): {e}") from None
+    _check_types(name, node, result, aten_node.out_types, ctx)
+    return result
+
+
+def _aten_node(node, name: str, env) -> AtenNode:
+    import torch.fx
+
+    schema = node.target._schema
+    params: dict[str, Any] = {}
+    vals: dict[str, Any] = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            raw = node.args[i]
+        elif arg.name in node.kwargs:
+            raw = node.kwargs[arg.name]
+        else:
+            raw = arg.default_value if arg.has_default_value() else None
+        params[arg.name] = _map_arg(raw, env)
+        if isinstance(raw, torch.fx.Node):
+            vals[arg.name] = raw.meta.get("val")
+    val = node.meta.get("val")
+    outs = list(val) if isinstance(val, (list, tuple)) else [val]
+    return AtenNode(name, params, [meta_type(v) for v in outs], vals, node.target, node)
+
+
+def _check_types(name, node, result, want, ctx: Lowering) -> None:
+    """torch's fake-tensor types are the oracle: a lowering that disagrees is a korch bug."""
+    got = result if isinstance(result, (list, tuple)) else [result]
+    for g, w in zip(got, want):
+        if isinstance(g, str) and w is not None and ctx.type(g) != w:
+            raise KorchError(f"{name} ({node.name}): lowered to {ctx.type(g)}, torch says {w}")

@@ -1,0 +1,433 @@
+"""ATen rules for elementwise arithmetic, activations, reductions, softmax and the normalizations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from korch.frontend.aten_lowering import AtenNode, aten, operand
+from korch.frontend.lowering import Lowering, normalize_axes
+from korch.frontend.rules_elementwise import elu_core, gelu_core, hard_sigmoid_core, softplus_core
+from korch.frontend.rules_linear import add_bias
+from korch.frontend.rules_reduce import batch_norm_core, channel_param, normalize, softmax
+from korch.prims import Prim
+
+
+def _common_dtype(n: AtenNode, *keys: str) -> str:
+    """torch's type promotion over tensor and scalar operands (comparisons compare in this type)."""
+    import torch
+
+    from korch.frontend.aten_lowering import torch_dtype_name
+
+    args = [n.vals[k] if k in n.vals else n[k] for k in keys]
+    return torch_dtype_name(torch.result_type(*args)) if len(args) == 2 else torch_dtype_name(args[0].dtype)
+
+
+# ----------------------------------------------------------------- arithmetic
+
+_ARITH = {
+    "add": Prim.ADD,
+    "sub": Prim.SUB,
+    "mul": Prim.MUL,
+    "div": Prim.DIV,
+    "pow": Prim.POW,
+    "maximum": Prim.MAX,
+    "minimum": Prim.MIN,
+}
+
+
+def _arith_rule(prim: Prim, first: str = "self", second: str = "other", reverse: bool = False):
+    def rule(ctx: Lowering, n: AtenNode) -> str:
+        dtype = n.out.dtype
+        a, b = operand(ctx, n[first], dtype), operand(ctx, n[second], dtype)
+        alpha = n.get("alpha", 1)
+        if alpha != 1:
+            b = ctx.elementwise(Prim.MUL, b, operand(ctx, alpha, dtype)) if not reverse else b
+            a = ctx.elementwise(Prim.MUL, a, operand(ctx, alpha, dtype)) if reverse else a
+        return ctx.elementwise(prim, b, a) if reverse else ctx.elementwise(prim, a, b)
+
+    return rule
+
+
+for _op, _prim in _ARITH.items():
+    if _op == "pow":
+        aten("aten.pow.Tensor_Tensor")(_arith_rule(_prim, "self", "exponent"))
+        aten("aten.pow.Scalar")(_arith_rule(_prim, "self", "exponent"))
+    elif _op in ("maximum", "minimum"):
+        aten(f"aten.{_op}.default")(_arith_rule(_prim))
+    else:
+        aten(f"aten.{_op}.Tensor", f"aten.{_op}.Scalar")(_arith_rule(_prim))
+aten("aten.rsub.Tensor", "aten.rsub.Scalar")(_arith_rule(Prim.SUB, reverse=True))
+
+
+@aten("aten.pow.Tensor_Scalar")
+def pow_scalar(ctx: Lowering, n: AtenNode) -> str:
+    x, e = ctx.cast(n["self"], n.out.dtype), n["exponent"]
+    if e == 1:
+        return x
+    if e == 2:
+        return ctx.elementwise(Prim.MUL, x, x)
+    if e == 0.5 and n.out.dtype.startswith("float"):
+        return ctx.unary(Prim.SQRT, x)
+    return ctx.elementwise(Prim.POW, x, operand(ctx, e, n.out.dtype))
+
+
+@aten("aten.div.Tensor_mode")
+def div_mode(ctx: Lowering, n: AtenNode) -> str:
+    mode, dtype = n["rounding_mode"], n.out.dtype
+    a, b = operand(ctx, n["self"], dtype), operand(ctx, n["other"], dtype)
+    if mode is None or not dtype.startswith("float"):
+        if mode == "floor" and not dtype.startswith("float"):
+            work = "float64"
+            q = ctx.unary(Prim.FLOOR, ctx.elementwise(Prim.DIV, ctx.cast(a, work), ctx.cast(b, work)))
+            return ctx.cast(q, dtype)
+        return ctx.elementwise(Prim.DIV, a, b)  # integer division truncates
+    q = ctx.elementwise(Prim.DIV, a, b)
+    if mode == "floor":
+        return ctx.unary(Prim.FLOOR, q)
+    negative = ctx.elementwise(Prim.LT, q, ctx.scalar(0, dtype))
+    return ctx.elementwise(Prim.WHERE, negative, ctx.unary(Prim.CEIL, q), ctx.unary(Prim.FLOOR, q))
+
+
+@aten("aten.remainder.Tensor", "aten.remainder.Scalar")
+def remainder(ctx: Lowering, n: AtenNode) -> str:
+    """Python's modulo, a - b * floor(a / b) (the sign of the divisor); integers work in float64."""
+    dtype = n.out.dtype
+    work = dtype if dtype.startswith("float") else "float64"
+    a, b = operand(ctx, n["self"], work), operand(ctx, n["other"], work)
+    q = ctx.unary(Prim.FLOOR, ctx.elementwise(Prim.DIV, a, b))
+    return ctx.cast(ctx.elementwise(Prim.SUB, a, ctx.elementwise(Prim.MUL, b, q)), dtype)
+
+
+# ---------------------------------------------------------------- comparisons
+
+
+def _compare_rule(prims: tuple[Prim, ...], negate: bool = False):
+    def rule(ctx: Lowering, n: AtenNode) -> str:
+        dtype = _common_dtype(n, "self", "other")
+        a, b = operand(ctx, n["self"], dtype), operand(ctx, n["other"], dtype)
+        out = ctx.elementwise(prims[0], a, b)
+        for p in prims[1:]:
+            out = ctx.elementwise(Prim.OR, out, ctx.elementwise(p, a, b))
+        return ctx.unary(Prim.NOT, out) if negate else out
+
+    return rule
+
+
+for _op, (_prims, _neg) in {
+    "eq": ((Prim.EQ,), False),
+    "ne": ((Prim.EQ,), True),
+    "lt": ((Prim.LT,), False),
+    "gt": ((Prim.GT,), False),
+    "le": ((Prim.LT, Prim.EQ), False),  # (a < b) or (a == b): NOT(a > b) would be true for NaN
+    "ge": ((Prim.GT, Prim.EQ), False),
+}.items():
+    aten(f"aten.{_op}.Tensor", f"aten.{_op}.Scalar")(_compare_rule(_prims, _neg))
+
+
+def _logical_rule(prim: Prim):
+    def rule(ctx: Lowering, n: AtenNode) -> str:
+        return ctx.elementwise(prim, operand(ctx, n["self"], "bool"), operand(ctx, n["other"], "bool"))
+
+    return rule
+
+
+aten("aten.logical_and.default", "aten.bitwise_and.Tensor")(_logical_rule(Prim.AND))
+aten("aten.logical_or.default", "aten.bitwise_or.Tensor")(_logical_rule(Prim.OR))
+aten("aten.logical_xor.default", "aten.bitwise_xor.Tensor")(_logical_rule(Prim.XOR))
+
+
+@aten("aten.logical_not.default", "aten.bitwise_not.default")
+def logical_not(ctx: Lowering, n: AtenNode) -> str:
+    return ctx.unary(Prim.NOT, ctx.cast(n["self"], "bool"))
+
+
+@aten("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
+def where(ctx: Lowering, n: AtenNode) -> str:
+    dtype = n.out.dtype
+    cond = ctx.cast(n["condition"], "bool")
+    return ctx.elementwise(Prim.WHERE, cond, operand(ctx, n["self"], dtype), operand(ctx, n["other"], dtype))
+
+
+@aten("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def masked_fill(ctx: Lowering, n: AtenNode) -> str:
+    dtype = n.out.dtype
+    mask = ctx.cast(n["mask"], "bool")
+    return ctx.elementwise(Prim.WHERE, mask, operand(ctx, n["value"], dtype), n["self"])
+
+
+# ---------------------------------------------------------------------- unary
+
+_UNARY = {
+    "abs": Prim.ABS,
+    "neg": Prim.NEG,
+    "exp": Prim.EXP,
+    "log": Prim.LOG,
+    "sqrt": Prim.SQRT,
+    "reciprocal": Prim.RECIPROCAL,
+    "erf": Prim.ERF,
+    "tanh": Prim.TANH,
+    "sigmoid": Prim.SIGMOID,
+    "floor": Prim.FLOOR,
+    "ceil": Prim.CEIL,
+    "round": Prim.ROUND,
+    "sin": Prim.SIN,
+    "cos": Prim.COS,
+    "sign": Prim.SIGN,
+}
+
+
+def _unary_rule(prim: Prim):
+    def rule(ctx: Lowering, n: AtenNode) -> str:
+        return ctx.unary(prim, ctx.cast(n["self"], n.out.dtype))
+
+    return rule
+
+
+for _op, _prim in _UNARY.items():
+    aten(f"aten.{_op}.default")(_unary_rule(_prim))
+
+
+def _x(ctx: Lowering, n: AtenNode) -> str:
+    return ctx.cast(n["self"], n.out.dtype)
+
+
+def _s(ctx: Lowering, x: str, value: float) -> str:
+    return ctx.scalar(value, ctx.dtype(x))
+
+
+def _activation(body):
+    """Register-friendly wrapper: the input cast to the output type, then the formula."""
+
+    def rule(ctx: Lowering, n: AtenNode) -> str:
+        return body(ctx, _x(ctx, n), n)
+
+    return rule
+
+
+_ACTIVATIONS = {
+    "rsqrt": lambda ctx, x, n: ctx.unary(Prim.RECIPROCAL, ctx.unary(Prim.SQRT, x)),
+    "log1p": lambda ctx, x, n: ctx.unary(Prim.LOG, ctx.elementwise(Prim.ADD, x, _s(ctx, x, 1))),
+    "expm1": lambda ctx, x, n: ctx.elementwise(Prim.SUB, ctx.unary(Prim.EXP, x), _s(ctx, x, 1)),
+    "relu": lambda ctx, x, n: ctx.elementwise(Prim.MAX, x, _s(ctx, x, 0)),
+    "silu": lambda ctx, x, n: ctx.elementwise(Prim.MUL, x, ctx.unary(Prim.SIGMOID, x)),
+    "gelu": lambda ctx, x, n: gelu_core(ctx, x, n.get("approximate", "none")),
+    "hardsigmoid": lambda ctx, x, n: hard_sigmoid_core(ctx, x, 1.0 / 6.0, 0.5),
+    "hardswish": lambda ctx, x, n: ctx.elementwise(Prim.MUL, x, hard_sigmoid_core(ctx, x, 1.0 / 6.0, 0.5)),
+    "mish": lambda ctx, x, n: ctx.elementwise(Prim.MUL, x, ctx.unary(Prim.TANH, softplus_core(ctx, x))),
+}
+for _op, _body in _ACTIVATIONS.items():
+    aten(f"aten.{_op}.default")(_activation(_body))
+
+
+@aten("aten.softplus.default")
+def softplus(ctx: Lowering, n: AtenNode) -> str:
+    x, beta = _x(ctx, n), n["beta"]
+    if beta == 1:
+        return softplus_core(ctx, x)
+    y = softplus_core(ctx, ctx.elementwise(Prim.MUL, x, _s(ctx, x, beta)))
+    return ctx.elementwise(Prim.MUL, y, _s(ctx, x, 1.0 / beta))
+
+
+@aten("aten.leaky_relu.default")
+def leaky_relu(ctx: Lowering, n: AtenNode) -> str:
+    x = _x(ctx, n)
+    neg = ctx.elementwise(Prim.MUL, x, _s(ctx, x, n["negative_slope"]))
+    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, x, _s(ctx, x, 0)), neg, x)
+
+
+@aten("aten.elu.default")
+def elu(ctx: Lowering, n: AtenNode) -> str:
+    x = _x(ctx, n)
+    if n["input_scale"] != 1:
+        x = ctx.elementwise(Prim.MUL, x, _s(ctx, x, n["input_scale"]))
+    y = elu_core(ctx, x, n["alpha"])
+    return y if n["scale"] == 1 else ctx.elementwise(Prim.MUL, y, _s(ctx, y, n["scale"]))
+
+
+def _clamp(ctx: Lowering, x: str, lo, hi) -> str:
+    if lo is not None:
+        x = ctx.elementwise(Prim.MAX, x, operand(ctx, lo, ctx.dtype(x)))
+    if hi is not None:
+        x = ctx.elementwise(Prim.MIN, x, operand(ctx, hi, ctx.dtype(x)))
+    return x
+
+
+@aten("aten.clamp.default", "aten.clamp.Tensor")
+def clamp(ctx: Lowering, n: AtenNode) -> str:
+    return _clamp(ctx, _x(ctx, n), n["min"], n["max"])
+
+
+@aten("aten.clamp_min.default", "aten.clamp_min.Tensor")
+def clamp_min(ctx: Lowering, n: AtenNode) -> str:
+    return _clamp(ctx, _x(ctx, n), n["min"], None)
+
+
+@aten("aten.clamp_max.default", "aten.clamp_max.Tensor")
+def clamp_max(ctx: Lowering, n: AtenNode) -> str:
+    return _clamp(ctx, _x(ctx, n), None, n["max"])
+
+
+@aten("aten.hardtanh.default")
+def hardtanh(ctx: Lowering, n: AtenNode) -> str:
+    return _clamp(ctx, _x(ctx, n), n["min_val"], n["max_val"])
+
+
+@aten("aten._to_copy.default", "aten.clone.default", "aten.alias.default", "aten.lift_fresh_copy.default")
+def copy(ctx: Lowering, n: AtenNode) -> str:
+    return ctx.cast(n["self"], n.out.dtype)
+
+
+@aten("aten._assert_tensor_metadata.default", "aten._assert_scalar.default")
+def no_op(ctx: Lowering, n: AtenNode) -> None:
+    return None
+
+
+# ----------------------------------------------------------------- reductions
+
+
+def _dims(ctx: Lowering, x: str, dim) -> tuple[int, ...]:
+    """dim=None or [] means every axis, as in torch."""
+    if dim is None or (isinstance(dim, (list, tuple)) and not dim):
+        return tuple(range(ctx.rank(x)))
+    return normalize_axes(dim if isinstance(dim, (list, tuple)) else [dim], ctx.rank(x))
+
+
+def _reduce_rule(body):
+    def rule(ctx: Lowering, n: AtenNode) -> str:
+        x = ctx.cast(n["self"], n.out.dtype)  # sum's dtype argument, bool sums counting in int64
+        axes = _dims(ctx, x, n.get("dim"))
+        y = body(ctx, x, axes) if axes else x
+        return ctx.reshape(y, n.out.shape)  # drops the reduced axes unless keepdim
+
+    return rule
+
+
+_REDUCTIONS = {
+    "sum.dim_IntList": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_SUM, x, axes),
+    "sum.default": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_SUM, x, axes),
+    "mean.dim": lambda ctx, x, axes: ctx.mean(x, axes),
+    "mean.default": lambda ctx, x, axes: ctx.mean(x, axes),
+    "amax.default": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_MAX, x, axes),
+    "amin.default": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_MIN, x, axes),
+    "max.default": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_MAX, x, axes),
+    "min.default": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_MIN, x, axes),
+    "prod.dim_int": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_PROD, x, axes),
+}
+for _op, _body in _REDUCTIONS.items():
+    aten(f"aten.{_op}")(_reduce_rule(_body))
+
+
+@aten("aten.argmax.default", "aten.argmin.default")
+def argmax(ctx: Lowering, n: AtenNode) -> str:
+    x = n["self"]
+    if n["dim"] is None:
+        x = ctx.reshape(x, [ctx.type(x).numel])
+    (axis,) = _dims(ctx, x, n.get("dim", 0))
+    prim = Prim.ARGMAX if n.target.startswith("aten.argmax") else Prim.ARGMIN
+    return ctx.reshape(ctx.emit(prim, x, axis=axis), n.out.shape)
+
+
+@aten("aten.max.dim", "aten.min.dim")
+def max_dim(ctx: Lowering, n: AtenNode) -> list[str]:
+    x = n["self"]
+    (axis,) = _dims(ctx, x, n["dim"])
+    is_max = n.target.startswith("aten.max")
+    values = ctx.reduce(Prim.REDUCE_MAX if is_max else Prim.REDUCE_MIN, x, [axis])
+    index = ctx.emit(Prim.ARGMAX if is_max else Prim.ARGMIN, x, axis=axis)
+    return [ctx.reshape(values, n.out_types[0].shape), ctx.reshape(index, n.out_types[1].shape)]
+
+
+@aten("aten.var.correction")
+def var(ctx: Lowering, n: AtenNode) -> str:
+    x = n["self"]
+    axes = _dims(ctx, x, n["dim"])
+    centered = ctx.elementwise(Prim.SUB, x, ctx.mean(x, axes))
+    total = ctx.reduce(Prim.REDUCE_SUM, ctx.elementwise(Prim.MUL, centered, centered), axes)
+    count = math.prod(ctx.shape(x)[a] for a in axes)
+    correction = 1 if n["correction"] is None else n["correction"]
+    scale = 1.0 / max(count - correction, 0) if count > correction else float("inf")
+    return ctx.reshape(ctx.elementwise(Prim.MUL, total, _s(ctx, x, scale)), n.out.shape)
+
+
+# ------------------------------------------------------- softmax and the norms
+
+
+@aten("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int")
+def softmax_rule(ctx: Lowering, n: AtenNode) -> str:
+    x = ctx.cast(n["self"], n.out.dtype)
+    (axis,) = normalize_axes([n["dim"]], ctx.rank(x))
+    return softmax(ctx, x, axis, log="log_softmax" in n.target)
+
+
+def _affine(ctx: Lowering, y: str, weight, bias, channel_rank: int | None = None) -> str:
+    """y * weight + bias, per channel when channel_rank is given; either may be absent."""
+    if weight is not None:
+        w = channel_param(ctx, weight, channel_rank) if channel_rank else weight
+        y = ctx.elementwise(Prim.MUL, y, w)
+    if bias is not None:
+        b = channel_param(ctx, bias, channel_rank) if channel_rank else bias
+        y = ctx.elementwise(Prim.ADD, y, b)
+    return y
+
+
+@aten("aten.native_layer_norm.default")
+def layer_norm(ctx: Lowering, n: AtenNode) -> list[str]:
+    x = n["input"]
+    rank = ctx.rank(x)
+    axes = range(rank - len(n["normalized_shape"]), rank)
+    y, mean, inv_std = normalize(ctx, x, axes, n["eps"])
+    return [_affine(ctx, y, n["weight"], n["bias"]), mean, inv_std]
+
+
+@aten("aten._native_batch_norm_legit_no_training.default")
+def batch_norm(ctx: Lowering, n: AtenNode) -> list[str | None]:
+    x = n["input"]
+    channels = ctx.shape(x)[1]
+    ones, zeros = np.ones(channels, ctx.dtype(x)), np.zeros(channels, ctx.dtype(x))
+    weight = n["weight"] if n["weight"] is not None else ctx.const(ones)
+    bias = n["bias"] if n["bias"] is not None else ctx.const(zeros)
+    stats = (weight, bias, n["running_mean"], n["running_var"])
+    y = _fold_into_conv(ctx, n, *stats) or batch_norm_core(ctx, x, *stats, n["eps"])
+    return [y, None, None]
+
+
+def _fold_into_conv(ctx: Lowering, n: AtenNode, weight, bias, mean, var) -> str | None:
+    """conv -> inference batch norm, all parameters constant and the conv read by nothing else:
+    one conv with scaled weights and a new bias (what ONNX exporters do before korch sees it)."""
+    conv = getattr(ctx, "convs", {}).get(n["input"])
+    if conv is None or n.fx is None or len(n.fx.args[0].users) != 1:
+        return None
+    x, w, conv_bias, attrs = conv
+    values = [ctx.const_value(v) for v in (w, weight, bias, mean, var)]
+    if any(v is None for v in values) or (conv_bias is not None and ctx.const_value(conv_bias) is None):
+        return None
+    w_v, gamma, beta, mean_v, var_v = (v.astype("float64") for v in values)
+    scale = gamma / np.sqrt(var_v + n["eps"])
+    b0 = ctx.const_value(conv_bias).astype("float64") if conv_bias is not None else 0.0
+    dtype = ctx.dtype(x)
+    new_w = ctx.const((w_v * scale.reshape(-1, *([1] * (w_v.ndim - 1)))).astype(dtype))
+    y = ctx.emit(Prim.CONV, x, new_w, **attrs)
+    return add_bias(ctx, y, ctx.const(((b0 - mean_v) * scale + beta).astype(dtype)))
+
+
+@aten("aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit.default")
+def batch_norm_batch_stats(ctx: Lowering, n: AtenNode) -> list[str | None]:
+    """Normalization with the batch's own statistics (instance norm is exported this way)."""
+    if n.target.endswith(".default") and not n["training"]:
+        return batch_norm(ctx, n)
+    x = n["input"]
+    rank = ctx.rank(x)
+    y, _, _ = normalize(ctx, x, [0, *range(2, rank)], n["eps"])
+    return [_affine(ctx, y, n["weight"], n["bias"], rank), None, None]
+
+
+@aten("aten.native_group_norm.default")
+def group_norm(ctx: Lowering, n: AtenNode) -> list[str | None]:
+    x, groups = n["input"], n["group"]
+    shape = ctx.shape(x)
+    grouped = ctx.reshape(x, (shape[0], groups, math.prod(shape[1:]) // groups))
+    y, mean, inv_std = normalize(ctx, grouped, [2], n["eps"])
+    y = _affine(ctx, ctx.reshape(y, shape), n["weight"], n["bias"], len(shape))
+    return [y, ctx.reshape(mean, n.out_types[1].shape), ctx.reshape(inv_std, n.out_types[2].shape)]

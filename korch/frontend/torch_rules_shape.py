@@ -1,0 +1,363 @@
+"""ATen rules for layout, indexing, constants, linear algebra, convolution, pooling and resizing."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from korch.errors import KorchError
+from korch.frontend.aten_lowering import AtenNode, aten, operand
+from korch.frontend.lowering import Lowering, normalize_axes
+from korch.frontend.rules_layout import slice_bounds, tile_core
+from korch.frontend.rules_linear import add_bias, matmul
+from korch.frontend.rules_pool import avg_pool_core, max_pool_core, resample
+from korch.prims import Prim
+
+# ------------------------------------------------------------------ reshaping
+
+
+@aten(
+    "aten.view.default",
+    "aten._unsafe_view.default",
+    "aten.reshape.default",
+    "aten.unsqueeze.default",
+    "aten.squeeze.default",
+    "aten.squeeze.dim",
+    "aten.squeeze.dims",
+    "aten.flatten.using_ints",
+)
+def view(ctx: Lowering, n: AtenNode) -> str:
+    return ctx.reshape(n["self"], n.out.shape)
+
+
+@aten("aten.permute.default")
+def permute(ctx: Lowering, n: AtenNode) -> str:
+    rank = ctx.rank(n["self"])
+    return ctx.transpose(n["self"], [d % rank if rank else 0 for d in n["dims"]])
+
+
+@aten("aten.transpose.int", "aten.t.default")
+def transpose(ctx: Lowering, n: AtenNode) -> str:
+    x = n["self"]
+    rank = ctx.rank(x)
+    if rank < 2:
+        return x
+    d0, d1 = (n["dim0"] % rank, n["dim1"] % rank) if "dim0" in n.params else (0, 1)
+    perm = list(range(rank))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return ctx.transpose(x, perm)
+
+
+@aten("aten.expand.default")
+def expand(ctx: Lowering, n: AtenNode) -> str:
+    x, shape = n["self"], n.out.shape
+    x = ctx.reshape(x, (1,) * (len(shape) - ctx.rank(x)) + ctx.shape(x))
+    return ctx.broadcast_to(x, shape)
+
+
+@aten("aten.repeat.default")
+def repeat(ctx: Lowering, n: AtenNode) -> str:
+    x, reps = n["self"], list(n["repeats"])
+    x = ctx.reshape(x, (1,) * (len(reps) - ctx.rank(x)) + ctx.shape(x))
+    return tile_core(ctx, x, reps)
+
+
+@aten("aten.cat.default")
+def cat(ctx: Lowering, n: AtenNode) -> str:
+    values = [ctx.cast(v, n.out.dtype) for v in n["tensors"] if ctx.shape(v) != (0,)]
+    (axis,) = normalize_axes([n["dim"]], ctx.rank(values[0]))
+    return ctx.concat(values, axis)
+
+
+# -------------------------------------------------------------------- slicing
+
+
+@aten("aten.slice.Tensor")
+def slice_(ctx: Lowering, n: AtenNode) -> str:
+    x = n["self"]
+    shape = ctx.shape(x)
+    (axis,) = normalize_axes([n["dim"]], len(shape))
+    start = 0 if n["start"] is None else n["start"]
+    end = shape[axis] if n["end"] is None else n["end"]
+    first, size = slice_bounds(shape[axis], start, end, n["step"])
+    return ctx.slice_axis(x, axis, first if size else 0, size, n["step"] if size else 1)
+
+
+@aten("aten.select.int")
+def select(ctx: Lowering, n: AtenNode) -> str:
+    x = n["self"]
+    (axis,) = normalize_axes([n["dim"]], ctx.rank(x))
+    index = n["index"] % ctx.shape(x)[axis]
+    return ctx.reshape(ctx.slice_axis(x, axis, index, 1), n.out.shape)
+
+
+@aten("aten.split_with_sizes.default", "aten.split.Tensor", "aten.unbind.int")
+def split(ctx: Lowering, n: AtenNode) -> list[str]:
+    x = n["self"]
+    (axis,) = normalize_axes([n["dim"]], ctx.rank(x))
+    outs, offset = [], 0
+    for t in n.out_types:
+        size = t.shape[axis] if "unbind" not in n.target else 1
+        outs.append(ctx.reshape(ctx.slice_axis(x, axis, offset, size), t.shape))
+        offset += size
+    return outs
+
+
+# ------------------------------------------------------------------- indexing
+
+
+@aten("aten.embedding.default")
+def embedding(ctx: Lowering, n: AtenNode) -> str:
+    return ctx.emit(Prim.GATHER, n["weight"], n["indices"], axis=0)
+
+
+@aten("aten.index_select.default")
+def index_select(ctx: Lowering, n: AtenNode) -> str:
+    x = n["self"]
+    (axis,) = normalize_axes([n["dim"]], ctx.rank(x))
+    return ctx.emit(Prim.GATHER, x, _wrapped(ctx, n["index"], ctx.shape(x)[axis]), axis=axis)
+
+
+def _wrapped(ctx: Lowering, index: str, dim: int) -> str:
+    """Constant negative indices counted from the end, as torch does."""
+    value = ctx.const_value(index)
+    return (
+        index
+        if value is None or not (value < 0).any()
+        else ctx.const(np.where(value < 0, value + dim, value))
+    )
+
+
+@aten("aten.index.Tensor")
+def index(ctx: Lowering, n: AtenNode) -> str:
+    """Advanced indexing with adjacent index tensors: one gather over the merged indexed axes."""
+    x, indices = n["self"], list(n["indices"])
+    axes = [i for i, v in enumerate(indices) if v is not None]
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        raise KorchError("index tensors separated by slices are not supported")
+    if any(ctx.dtype(indices[a]) == "bool" for a in axes):
+        raise KorchError("boolean mask indexing has a data-dependent shape")
+    shape = ctx.shape(x)
+    if len(axes) == 1:
+        return ctx.emit(Prim.GATHER, x, _wrapped(ctx, indices[axes[0]], shape[axes[0]]), axis=axes[0])
+    values = [ctx.const_value(indices[a]) for a in axes]
+    if any(v is None for v in values):
+        raise KorchError("several index tensors must be compile-time constants")
+    dims = [shape[a] for a in axes]
+    wrapped = [np.where(v < 0, v + d, v) for v, d in zip(values, dims)]
+    flat = np.ravel_multi_index(tuple(np.broadcast_arrays(*wrapped)), dims).astype("int64")
+    merged = ctx.reshape(x, shape[: axes[0]] + (int(np.prod(dims)),) + shape[axes[-1] + 1 :])
+    return ctx.emit(Prim.GATHER, merged, ctx.const(flat), axis=axes[0])
+
+
+# ------------------------------------------------------------------ constants
+
+
+@aten("aten.arange.default", "aten.arange.start", "aten.arange.start_step", "aten.scalar_tensor.default")
+def factory(ctx: Lowering, n: AtenNode) -> str:
+    """Tensors made from scalars alone are computed here, once, with torch itself."""
+    kwargs = {k: v for k, v in n.params.items() if k not in ("layout", "device", "pin_memory")}
+    return ctx.const(n.op(**kwargs).numpy())
+
+
+@aten("aten.full.default", "aten.zeros.default", "aten.ones.default")
+def full(ctx: Lowering, n: AtenNode) -> str:
+    value = {"aten.zeros.default": 0, "aten.ones.default": 1}.get(n.target, n.get("fill_value"))
+    return ctx.broadcast_to(operand(ctx, value, n.out.dtype), n.out.shape)
+
+
+@aten("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")
+def full_like(ctx: Lowering, n: AtenNode) -> str:
+    value = {"aten.zeros_like.default": 0, "aten.ones_like.default": 1}.get(n.target, n.get("fill_value"))
+    return ctx.broadcast_to(operand(ctx, value, n.out.dtype), n.out.shape)
+
+
+# ---------------------------------------------------------------------- pads
+
+
+def _torch_pads(rank: int, pad) -> tuple[list[int], list[int]]:
+    """torch lists (begin, end) pairs from the last axis backwards; korch wants begins then ends."""
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):
+        begins[rank - 1 - i], ends[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    return begins, ends
+
+
+def _pad(ctx: Lowering, x: str, pad, mode: str, value=0.0) -> str:
+    begins, ends = _torch_pads(ctx.rank(x), pad)
+    for axis, (b, e) in enumerate(zip(begins, ends)):
+        if b < 0 or e < 0:  # negative pads crop
+            lo, hi = max(-b, 0), max(-e, 0)
+            x = ctx.slice_axis(x, axis, lo, ctx.shape(x)[axis] - lo - hi)
+    pads = [max(p, 0) for p in begins + ends]
+    if not any(pads):
+        return x
+    if not ctx.dtype(x).startswith("float"):
+        value = int(value)
+    return ctx.emit(Prim.PAD, x, pads=pads, mode=mode, value=float(value) if mode == "constant" else 0.0)
+
+
+@aten("aten.constant_pad_nd.default")
+def constant_pad(ctx: Lowering, n: AtenNode) -> str:
+    return _pad(ctx, n["self"], n["pad"], "constant", n["value"])
+
+
+for _nd in (1, 2, 3):
+    aten(f"aten.reflection_pad{_nd}d.default")(lambda ctx, n: _pad(ctx, n["self"], n["padding"], "reflect"))
+    aten(f"aten.replication_pad{_nd}d.default")(lambda ctx, n: _pad(ctx, n["self"], n["padding"], "edge"))
+
+
+# --------------------------------------------------------------------- linear
+
+
+def _batched_matmul(ctx: Lowering, a: str, b: str, out_shape) -> str:
+    """A 2-D/3-D matmul whose operands were flattened from higher-rank tensors (view -> mm ->
+    view) runs on the unflattened operands; the view back onto them then collapses."""
+    if hasattr(ctx, "unmerged"):
+        a_root = ctx.unmerged(a, 2 if ctx.rank(a) == 3 else 1)
+        b_root = ctx.unmerged(b, 2) if ctx.rank(b) == 3 else b
+        same_batch = ctx.rank(b) == 2 or ctx.shape(a_root)[:-2] == ctx.shape(b_root)[:-2]
+        if a_root != a and same_batch:
+            return ctx.reshape(ctx.emit(Prim.MATMUL, a_root, b_root), out_shape)
+    return ctx.emit(Prim.MATMUL, a, b)
+
+
+@aten("aten.mm.default", "aten.bmm.default")
+def mm(ctx: Lowering, n: AtenNode) -> str:
+    return _batched_matmul(ctx, n["self"], n["mat2"], n.out.shape)
+
+
+@aten("aten.matmul.default")
+def matmul_rule(ctx: Lowering, n: AtenNode) -> str:
+    return matmul(ctx, n["self"], n["other"])
+
+
+@aten("aten.addmm.default")
+def addmm(ctx: Lowering, n: AtenNode) -> str:
+    y = ctx.emit(Prim.MATMUL, n["mat1"], n["mat2"])
+    rows = ctx.unmerged(n["mat1"], 1) if hasattr(ctx, "unmerged") else n["mat1"]
+    if rows != n["mat1"]:  # bias added before the view back, as in an ONNX MatMul + Add
+        y = ctx.emit(Prim.MATMUL, rows, n["mat2"])
+    dtype = ctx.dtype(y)
+    if n["alpha"] != 1:
+        y = ctx.elementwise(Prim.MUL, y, ctx.scalar(n["alpha"], dtype))
+    if n["beta"] != 0:
+        bias = (
+            n["self"]
+            if n["beta"] == 1
+            else ctx.elementwise(Prim.MUL, n["self"], ctx.scalar(n["beta"], dtype))
+        )
+        y = ctx.elementwise(Prim.ADD, y, bias)
+    return ctx.reshape(y, n.out.shape)
+
+
+@aten("aten.convolution.default")
+def convolution(ctx: Lowering, n: AtenNode) -> str:
+    x, w = n["input"], n["weight"]
+    nd = ctx.rank(w) - 2
+    attrs = dict(
+        strides=_ints(n["stride"], nd, 1),
+        pads=_ints(n["padding"], nd, 0) * 2,
+        dilations=_ints(n["dilation"], nd, 1),
+        group=n["groups"],
+    )
+    if n["transposed"]:
+        y = ctx.emit(Prim.CONV_TRANSPOSE, x, w, output_padding=_ints(n["output_padding"], nd, 0), **attrs)
+        return add_bias(ctx, y, n["bias"])
+    y = add_bias(ctx, ctx.emit(Prim.CONV, x, w, **attrs), n["bias"])
+    if hasattr(ctx, "convs"):  # a batch norm after it may fold into its weights
+        ctx.convs[y] = (x, w, n["bias"], attrs)
+    return y
+
+
+def _ints(value, nd: int, default: int) -> list[int]:
+    """torch's int[N] arguments: a list, one int for every axis, or empty for the default."""
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return [default] * nd
+    if isinstance(value, int):
+        return [value] * nd
+    return list(value) * nd if len(value) == 1 else list(value)
+
+
+# ------------------------------------------------------------------- pooling
+
+
+def _pool_args(n: AtenNode, nd: int):
+    kernel = _ints(n["kernel_size"], nd, 1)
+    strides = _ints(n["stride"], nd, 0) if n["stride"] else kernel
+    return kernel, strides, _ints(n["padding"], nd, 0) * 2
+
+
+@aten("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
+def max_pool2d(ctx: Lowering, n: AtenNode) -> list[str | None]:
+    kernel, strides, pads = _pool_args(n, 2)
+    y = max_pool_core(ctx, n["self"], kernel, strides, pads, _ints(n["dilation"], 2, 1), n["ceil_mode"])
+    return [y, None]
+
+
+@aten("aten.avg_pool2d.default")
+def avg_pool2d(ctx: Lowering, n: AtenNode) -> str:
+    if n["divisor_override"] is not None:
+        raise KorchError("avg_pool2d with divisor_override is not supported")
+    kernel, strides, pads = _pool_args(n, 2)
+    x = n["self"]
+    return avg_pool_core(ctx, x, kernel, strides, pads, [1, 1], n["ceil_mode"], n["count_include_pad"])
+
+
+@aten("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+def adaptive_avg_pool2d(ctx: Lowering, n: AtenNode) -> str:
+    """Even windows become a pool; uneven ones a matmul with an averaging matrix per axis."""
+    x = n["self"]
+    rank = ctx.rank(x)
+    for axis, out in zip((rank - 2, rank - 1), n.out.shape[-2:]):
+        size = ctx.shape(x)[axis]
+        if out == size:
+            continue
+        if out == 1:
+            x = ctx.mean(x, [axis])
+            continue
+        weights = np.zeros((size, out), ctx.dtype(x))
+        for j in range(out):
+            lo, hi = (j * size) // out, -((-(j + 1) * size) // out)
+            weights[lo:hi, j] = 1.0 / (hi - lo)
+        perm = [a for a in range(rank) if a != axis] + [axis]
+        y = ctx.emit(Prim.MATMUL, ctx.transpose(x, perm), ctx.const(weights))
+        x = ctx.transpose(y, np.argsort(perm))
+    return x
+
+
+# ------------------------------------------------------------------ resizing
+
+
+def _nearest_index(in_len: int, out_len: int, scale_factor: float | None) -> np.ndarray:
+    """torch's nearest source index: floor(dst * scale) in float32, scale = 1/factor or in/out."""
+    scale = np.float32(1.0 / scale_factor) if scale_factor else np.float32(in_len / out_len)
+    index = np.floor(np.arange(out_len, dtype=np.float32) * scale).astype("int64")
+    return np.minimum(index, in_len - 1)
+
+
+def _scale_factors(n: AtenNode, nd: int) -> list[float | None]:
+    factors = n.get("scale_factors")
+    return list(factors) if factors else [None] * nd
+
+
+@aten("aten.upsample_nearest2d.vec", "aten.upsample_nearest1d.vec", "aten.upsample_nearest3d.vec")
+def upsample_nearest(ctx: Lowering, n: AtenNode) -> str:
+    x = n["input"]
+    rank = ctx.rank(x)
+    nd = rank - 2
+    for i, factor in enumerate(_scale_factors(n, nd)):
+        axis = 2 + i
+        size, out = ctx.shape(x)[axis], n.out.shape[axis]
+        if size != out:
+            x = ctx.emit(Prim.GATHER, x, ctx.const(_nearest_index(size, out, factor)), axis=axis)
+    return x
+
+
+@aten("aten.upsample_bilinear2d.vec", "aten.upsample_linear1d.vec")
+def upsample_linear(ctx: Lowering, n: AtenNode) -> str:
+    x = n["input"]
+    in_shape, out_shape = ctx.shape(x), n.out.shape
+    factors = [None, None] + _scale_factors(n, len(in_shape) - 2)
+    scales = [f if f else o / i for f, i, o in zip(factors, in_shape, out_shape)]
+    mode = "align_corners" if n["align_corners"] else "pytorch_half_pixel"
+    return resample(ctx, x, out_shape, scales, "linear", mode, "floor")

@@ -1,0 +1,321 @@
+"""The PyTorch front end: ATen ops lowered to primitives match eager PyTorch in the reference
+executor, and korch.optimize(module, inputs) builds plans that match eager PyTorch."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import korch
+from korch import check, reference
+from korch.errors import KorchError
+from korch.frontend.torch_import import import_torch
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def lower_and_compare(module, *inputs, tol=1e-4):
+    """Import through torch.export, run the primitives in numpy, compare with eager PyTorch."""
+    module = module.eval()
+    result = import_torch(module, inputs)
+    feeds = {name: x.numpy() for name, x in zip(result.graph.inputs, inputs)}
+    got = reference.run(result.graph, feeds)
+    with torch.no_grad():
+        want = module(*inputs)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    assert len(got) == len(want)
+    for name, w in zip(result.graph.output_names, want):
+        assert got[name].shape == tuple(w.shape), (name, got[name].shape, w.shape)
+        assert str(got[name].dtype) == str(w.dtype).removeprefix("torch."), name
+        err = check.rel_err(got[name], w.numpy())
+        assert err <= tol, f"{name}: relative error {err:.3g}"
+    return result
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + sum(shape)))
+
+
+X = rand(2, 3, 6, 6)
+V = rand(2, 5, 8)
+
+# one entry per ATen op family: (id, function, inputs)
+OPS = [
+    ("add_sub_alpha", lambda x, y: torch.add(x, y, alpha=2) - torch.sub(y, 1.5, alpha=3), (V, V * 2)),
+    ("mul_div_rsub", lambda x, y: (1 - x) * y / (y.abs() + 1) + 2 / (x.abs() + 1), (V, V + 1)),
+    (
+        "div_modes",
+        lambda x: torch.div(x, 0.7, rounding_mode="floor") + torch.div(x, 0.7, rounding_mode="trunc"),
+        (V,),
+    ),
+    ("pow_sqrt_rsqrt", lambda x: x.pow(2) + x.abs().pow(1.5) + x.abs().sqrt() + (x.abs() + 1).rsqrt(), (V,)),
+    (
+        "unary",
+        lambda x: x.exp() + x.abs().log1p() + x.tanh() + x.sigmoid() + x.sin() + x.cos() + x.erf(),
+        (V,),
+    ),
+    (
+        "rounding",
+        lambda x: (x * 3).floor() + (x * 3).ceil() + (x * 3).round() + x.sign() + x.reciprocal(),
+        (V,),
+    ),
+    ("relu_silu_gelu", lambda x: F.relu(x) + F.silu(x) + F.gelu(x) + F.gelu(x, approximate="tanh"), (V,)),
+    ("hard_acts", lambda x: F.hardswish(x * 4) + F.hardsigmoid(x * 4) + F.hardtanh(x, -0.5, 0.5), (V,)),
+    ("leaky_elu_mish", lambda x: F.leaky_relu(x, 0.1) + F.elu(x) + F.mish(x) + F.softplus(x, beta=2), (V,)),
+    ("clamp", lambda x: x.clamp(-0.5, 0.7) + x.clamp(min=0.1) + x.clamp(max=-0.1), (V,)),
+    ("compare_where", lambda x, y: torch.where((x > y) | (x <= 0.2) & ~(x == y), x, y * 2), (V, V.flip(0))),
+    (
+        "masked_fill",
+        lambda x: x.masked_fill(x < 0, -1.0) + (x >= 0).float() + (x != 0).to(torch.float32),
+        (V,),
+    ),
+    ("max_min_pair", lambda x, y: torch.maximum(x, y) - torch.minimum(x, y * 0.5), (V, V.flip(1))),
+    (
+        "reductions",
+        lambda x: x.sum(-1, keepdim=True) + x.mean((1, 2), keepdim=True) + x.amax(1, keepdim=True),
+        (V,),
+    ),
+    ("reduce_all", lambda x: x.sum() + x.mean() + x.amin(-1).sum(), (V,)),
+    ("max_dim_argmax", lambda x: (x.max(1).values, x.argmax(-1), x.min(-1).indices), (V,)),
+    ("var", lambda x: x.var(-1, keepdim=True) + x.var((1, 2), unbiased=False, keepdim=True), (V,)),
+    ("softmax", lambda x: torch.softmax(x * 30, -1) + torch.log_softmax(x, 1), (V,)),
+    ("view_permute", lambda x: x.reshape(2, 40).t().reshape(8, 10).permute(1, 0).transpose(0, 1), (V,)),
+    ("expand_repeat", lambda x: x[:, :1].expand(2, 4, 8) + x[:, :2].repeat(1, 2, 1), (V,)),
+    ("cat_split", lambda x: torch.cat(list(x.split([3, 5], -1))[::-1] + [x[..., :1]], -1), (V,)),
+    ("chunk_unbind", lambda x: x.chunk(2, 1)[1] + torch.stack(x.unbind(0), 0)[:, :2], (V[:, :4],)),
+    ("slice_select", lambda x: x[:, 1:-1:2, ::3] + x[:, 0:1, -3:].sum() + x.select(1, -1)[:, None, :3], (V,)),
+    ("squeeze_unsqueeze", lambda x: x.unsqueeze(1).squeeze(1).flatten(1).unsqueeze(-1).squeeze(), (V,)),
+    (
+        "index_gather",
+        lambda x: x[:, torch.tensor([4, 0, -1])][..., :3] + x.index_select(2, torch.tensor([1, 1, 7]))[:, :3],
+        (V,),
+    ),
+    ("index_2d", lambda x: x[:, :, torch.tensor([[0], [2]]), torch.tensor([1, 3, 5])], (X,)),
+    (
+        "arange_full",
+        lambda x: x + torch.arange(8.0) + torch.full((5, 8), 0.5) + torch.zeros_like(x) + 1,
+        (V,),
+    ),
+    (
+        "pad",
+        lambda x: (
+            F.pad(x, (1, 2, 0, 1), value=0.5)[..., :6, :6]
+            + F.pad(x, (1, 1, 1, 1), mode="reflect")[..., 1:7, 2:8]
+        ),
+        (X,),
+    ),
+    (
+        "pad_replicate_crop",
+        lambda x: F.pad(x, (2, 0, 1, 1), mode="replicate")[..., 1:7, :6] + F.pad(x, (-1, 1)),
+        (X,),
+    ),
+    (
+        "mm_bmm_matmul",
+        lambda x, y: x @ y.transpose(-1, -2) @ x + torch.bmm(x, y.transpose(1, 2)) @ y,
+        (V, V * 0.5),
+    ),
+    (
+        "linear_addmm",
+        lambda x: (
+            F.linear(x, torch.ones(3, 8) * 0.1, torch.arange(3.0))
+            + torch.addmm(torch.ones(3), x[0], torch.ones(8, 3), beta=0.5, alpha=2)
+        ),
+        (V,),
+    ),
+    (
+        "embedding",
+        lambda i: F.embedding(i, torch.arange(40.0).reshape(10, 4)),
+        (torch.tensor([[1, 9, 0], [3, 3, 2]]),),
+    ),
+    (
+        "int_arith",
+        lambda i: (i * 3 + 1) // 2 + i % 1 * 0 + (i - 5).abs(),
+        (torch.tensor([[1, 9, 0], [3, -3, 2]]),),
+    ),
+    ("max_pool", lambda x: F.max_pool2d(x, 3, 2, 1) + F.max_pool2d(x, 2, ceil_mode=True)[..., :3, :3], (X,)),
+    (
+        "avg_pool",
+        lambda x: (
+            F.avg_pool2d(x, 3, 2, 1)
+            + F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False)[..., :3, :3]
+        ),
+        (X,),
+    ),
+    ("adaptive_pool", lambda x: F.adaptive_avg_pool2d(x, 1) + F.adaptive_avg_pool2d(x, (3, 4)).mean(), (X,)),
+    ("upsample_nearest", lambda x: F.interpolate(x, scale_factor=2) + F.interpolate(x, size=(12, 12)), (X,)),
+    (
+        "upsample_bilinear",
+        lambda x: (
+            F.interpolate(x, scale_factor=2, mode="bilinear")
+            + F.interpolate(x, size=(12, 12), mode="bilinear", align_corners=True)
+        ),
+        (X,),
+    ),
+    (
+        "upsample_odd",
+        lambda x: F.interpolate(x, size=(5, 9)) + F.interpolate(x, size=(5, 9), mode="bilinear"),
+        (X,),
+    ),
+]
+
+
+@pytest.mark.parametrize("fn,inputs", [pytest.param(f, i, id=name) for name, f, i in OPS])
+def test_aten_op_matches_eager(fn, inputs):
+    result = lower_and_compare(Fn(fn), *inputs)
+    assert result.source == "torch" and result.model is None
+
+
+class Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.gn = nn.GroupNorm(3, 6)
+        self.inorm = nn.InstanceNorm2d(3, affine=True)
+        self.bn = nn.BatchNorm2d(3)
+        self.bn_plain = nn.BatchNorm2d(3, affine=False)
+        for m in (self.ln, self.gn, self.inorm, self.bn):
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.5, 0.5)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, v, x):
+        return self.ln(v), self.gn(torch.cat([x, x * 2], 1)), self.inorm(x), self.bn(x) + self.bn_plain(x)
+
+
+def test_normalizations_match_eager():
+    torch.manual_seed(0)
+    lower_and_compare(Norms(), V, X)
+
+
+class Convs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, stride=2, padding=1)
+        self.depthwise = nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=3, bias=False)
+        self.up = nn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1)
+        self.conv1d = nn.Conv1d(3, 2, 3, padding=1)
+
+    def forward(self, x):
+        return self.up(self.depthwise(self.conv(x))), self.conv1d(x.flatten(2))
+
+
+def test_convolutions_match_eager():
+    torch.manual_seed(0)
+    lower_and_compare(Convs(), X)
+
+
+def test_composites_split_into_primitives():
+    """Softmax subtracts the max, layer norm reduces, GELU uses erf: nothing stays whole."""
+    result = lower_and_compare(Fn(lambda x: F.gelu(F.layer_norm(torch.softmax(x, -1), (8,)))), V)
+    prims = [n.prim.value for n in result.graph.nodes]
+    assert {"reduce_max", "exp", "reduce_sum", "erf", "sqrt"} <= set(prims)
+    assert prims.index("reduce_max") < prims.index("exp")
+    assert result.graph.by_kind()["opaque"] == 0
+
+
+def test_batch_norm_folds_into_conv_and_view_chains_collapse():
+    """What ONNX exporters do before korch sees a model, the PyTorch path does itself."""
+    torch.manual_seed(0)
+    graph = lower_and_compare(ConvBN(), rand(1, 3, 8, 8)).graph
+    prims = [n.prim.value for n in graph.nodes]
+    assert prims.count("conv") == 1
+    assert graph.by_kind()["elementwise"] == 4  # conv bias, relu, mean's scale, residual
+    fc1, fc2 = nn.Linear(8, 8), nn.Linear(8, 4)
+    prims = [n.prim.value for n in lower_and_compare(Fn(lambda x: fc2(fc1(x))), V).graph.nodes]
+    # view -> addmm -> view, twice: two rank-3 matmuls with their bias adds, no reshape left
+    assert prims.count("reshape") == 0 and prims.count("matmul") == 2
+
+
+def test_unsupported_op_names_the_aten_op():
+    with pytest.raises(KorchError, match=r"aten\._fft_r2c"):
+        import_torch(Fn(lambda x: torch.fft.rfft(x).real), (V,))
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, a, b):
+        return self.fc(a), a + b
+
+
+def test_inputs_parameters_and_outputs():
+    result = import_torch(TwoInputs(), (V, V), output_names=["y", "s"])
+    graph = result.graph
+    assert graph.inputs == ("a", "b") and graph.output_names == ("y", "s")
+    assert any(c.shape == (4, 8) or c.shape == (8, 4) for c in graph.constants.values())
+
+
+class Block(nn.Module):
+    """Softmax, layer norm, GELU and a residual: the shared test model of both torch paths."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.ln = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return F.gelu(torch.softmax(self.fc(self.ln(x)), -1) * 4) + x
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x))).mean(1, keepdim=True) + x
+
+
+def fast_options(cache):
+    return dict(
+        backends=("onnxruntime",),
+        max_size=3,
+        time_budget=10,
+        jobs=1,
+        min_time=0.002,
+        progress=False,
+        cache=str(cache),
+    )
+
+
+@pytest.fixture(scope="session")
+def torch_cache(tmp_path_factory):
+    """One profile database for both torch test files: the same graphs are profiled once."""
+    return tmp_path_factory.getbasetemp() / "torch_profiles.sqlite"
+
+
+@pytest.mark.parametrize("make,shape", [(Block, (2, 5, 16)), (ConvBN, (1, 3, 8, 8))], ids=["block", "convbn"])
+def test_optimize_module_matches_eager(make, shape, torch_cache, tmp_path):
+    module = make().eval()
+    x = rand(*shape)
+    plan = korch.optimize(module, (x,), **fast_options(torch_cache))
+    with torch.no_grad():
+        want = module(x).numpy()
+    assert check.rel_err(plan(x)[0].numpy(), want) <= 1e-4
+    assert plan.model is None and plan.oracle == "the reference executor"
+    assert plan.meta["fission"]["source"] == "torch"
+    assert plan.verify() <= 1e-4
+    loaded = korch.load(plan.save(tmp_path / "plan"))
+    assert loaded.oracle == "the reference executor" and loaded.verify() <= 1e-4
+    np.testing.assert_allclose(loaded(x.numpy())[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_optimize_module_needs_example_inputs():
+    with pytest.raises(KorchError, match="example_inputs"):
+        korch.optimize(Block())
