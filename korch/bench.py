@@ -149,14 +149,17 @@ def bench(
     }
 
 
-def _interleave(systems: dict[str, Callable], rounds: int, block_s: float, cuda: bool):
+def _interleave(systems: dict[str, Callable], rounds: int, block_s: float, cuda: bool, pause_s=0.02):
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     samples: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(rounds):
-        # interleaved blocks (A B A B ...), so drift on a shared machine hits every system alike; the
-        # first call of each block is dropped: it pays for waking a thread pool the other system
-        # just left spinning or asleep, which says more about the switch than about either system
-        for name, fn in systems.items():
+    order = list(systems.items())
+    for r in range(rounds):
+        # interleaved blocks (A B C, then C B A, ...), so drift on a shared machine hits every
+        # system alike and no system always follows the same one; a pause lets the previous
+        # block's spinning thread pools go idle; the first call of each block is dropped: it
+        # pays for waking a thread pool, which says more about the switch than about the system
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            time.sleep(pause_s)
             block_end = time.perf_counter() + block_s
             calls = 0
             while calls < 4 or time.perf_counter() < block_end:
