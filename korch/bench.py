@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from korch.backends import synchronize
 from korch.errors import KorchError
 from korch.plan import Plan
 
@@ -130,7 +131,7 @@ def bench(
     for fn in systems.values():
         for _ in range(warmup):
             fn()
-    samples = _interleave(systems, rounds, block_s, plan.device.startswith("cuda"))
+    samples = _interleave(systems, rounds, block_s, plan.device)
     results = {
         name: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s)}
         for name, s in samples.items()
@@ -149,8 +150,7 @@ def bench(
     }
 
 
-def _interleave(systems: dict[str, Callable], rounds: int, block_s: float, cuda: bool, pause_s=0.02):
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+def _interleave(systems: dict[str, Callable], rounds: int, block_s: float, device: str, pause_s=0.02):
     samples: dict[str, list[float]] = {name: [] for name in systems}
     order = list(systems.items())
     for r in range(rounds):
@@ -163,10 +163,10 @@ def _interleave(systems: dict[str, Callable], rounds: int, block_s: float, cuda:
             block_end = time.perf_counter() + block_s
             calls = 0
             while calls < 4 or time.perf_counter() < block_end:
-                sync()
+                synchronize(device)
                 start = time.perf_counter()
                 fn()
-                sync()
+                synchronize(device)
                 if calls:
                     samples[name].append((time.perf_counter() - start) * 1e3)
                 calls += 1

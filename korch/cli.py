@@ -11,7 +11,7 @@ import time
 import traceback
 from collections import Counter
 
-from korch.errors import CheckFailed, KorchError
+from korch.errors import CheckFailed, KorchError, first_line
 
 FISSION_TOLERANCE = 1e-4
 
@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a korch bug or an input we did not foresee: still one line
         if args.verbose:
             traceback.print_exc()
-        line = (str(e).strip().splitlines() or [""])[0][:300]
+        line = first_line(e)
         print(
             f"korch: error: unexpected {type(e).__name__}: {line} (--verbose shows the traceback)",
             file=sys.stderr,

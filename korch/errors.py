@@ -11,3 +11,10 @@ class CheckFailed(Exception):
 
 class Unsupported(Exception):
     """Raised by a fission rule that cannot lower this particular node; the node stays opaque."""
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """The first non-blank line of an exception's message (at most `limit` characters): error
+    texts from ONNX, ONNX Runtime and compilers run over many lines; korch reports one."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0][:limit] if lines else ""

@@ -224,12 +224,11 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
     in_place: dict[tuple[str, str], float] = {}
     extra: dict[str, float] = {}  # backend -> median (in place - alone) per kernel
 
+    def adjusted(key: str, backend: str, ms: float) -> float:
+        return in_place.get((key, backend), max(ms + extra.get(backend, 0.0), 1e-6))
+
     def cost(key: str) -> tuple[float, str | None]:
-        ok = [
-            (in_place.get((key, b), max(p.cost_ms + extra.get(b, 0.0), 1e-6)), b)
-            for b, p in profiles.profiles.get(key, {}).items()
-        ]
-        return min((c for c in ok if c[0] < math.inf), default=(math.inf, None))
+        return profiles.cost(key, adjusted)
 
     def calibrate(plan: Plan) -> None:
         deltas: dict[str, list[float]] = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from korch.errors import KorchError
-from korch.graph_io import graph_to_json, load_graph_json
+from korch.graph_io import BLOB_REF, graph_to_json, load_graph_json
 from korch.ir import Graph
 from korch.kernel import KernelSpec
 from korch.plan_check import check_manifest, check_versions, write_manifest
@@ -78,7 +78,8 @@ class Plan:
             if graph_doc is not None:
                 graph_doc["arrays"] = {v: keys[v] for v in big}
                 (tmp / "graph.json").write_text(json.dumps(graph_doc))
-            source = hashlib.sha256(self.model.SerializeToString()).hexdigest() if self.model else ""
+            model_bytes = self.model.SerializeToString() if self.model is not None else b""
+            source = hashlib.sha256(model_bytes).hexdigest() if model_bytes else ""
             doc = {
                 "format": FORMAT,
                 "device": self.device,
@@ -89,10 +90,8 @@ class Plan:
                 "weights": {name: keys[name] for name in self.weights},
                 "kernels": [_kernel_to_json(k, source) for k in self.kernels],
             }
-            if self.model is not None:
-                import onnx
-
-                onnx.save(self.model, str(tmp / "model.onnx"))
+            if model_bytes:
+                (tmp / "model.onnx").write_bytes(model_bytes)  # what onnx.save writes, serialized once
             (tmp / "plan.json").write_text(json.dumps(doc, indent=1))
             write_manifest(tmp)  # last: a directory without it is incomplete
             if directory.exists() and not directory.is_dir():
@@ -131,8 +130,7 @@ class Plan:
                 arrays = {key: npz[key] for key in npz.files}
             weights = {name: np.asarray(arrays[key]) for name, key in doc["weights"].items()}
             model = _load_model(directory / "model.onnx") if (directory / "model.onnx").exists() else None
-            blob = model.SerializeToString() if model is not None else b""
-            blobs = {hashlib.sha256(blob).hexdigest(): blob} if blob else {}
+            blobs = _source_blobs(doc["kernels"], model)
             kernels = [_kernel_from_json(k, blobs) for k in doc["kernels"]]
             inputs = [(i["name"], TensorType(tuple(i["shape"]), i["dtype"])) for i in doc["inputs"]]
             outputs = [(o["value"], o["name"]) for o in doc["outputs"]]
@@ -214,6 +212,20 @@ def _load_graph(path: Path, arrays) -> Graph:
         raise KorchError(f"{path}: {e}") from None
     except Exception as e:
         raise KorchError(f"{path}: corrupt primitive graph ({type(e).__name__}: {e})") from None
+
+
+def _source_blobs(kernel_docs: list[dict], model) -> dict[str, bytes]:
+    """sha256 -> bytes of the source model, serialized only when some kernel refers to it."""
+    refers = any(
+        isinstance(v, dict) and BLOB_REF in v
+        for k in kernel_docs
+        for nd in k["graph"]["nodes"]
+        for v in nd["attrs"].values()
+    )
+    if not refers or model is None:
+        return {}
+    blob = model.SerializeToString()
+    return {hashlib.sha256(blob).hexdigest(): blob}
 
 
 def _kernel_to_json(k: PlanKernel, source: str = "") -> dict:

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from korch import check, reference
-from korch.backends import Backend, device_name, torch_ops
+from korch.backends import Backend, device_name, synchronize, torch_ops
 from korch.backends.torch_ops import to_tensor
 from korch.candidates import CandidateSet
+from korch.errors import first_line
 from korch.graph_io import graph_to_json
 from korch.ir import Graph
 from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_spec
@@ -60,10 +61,13 @@ class ProfileResult:
     failures: Counter = field(default_factory=Counter)
     seconds: float = 0.0
 
-    def cost(self, key: str) -> tuple[float, str | None]:
-        """(best median latency in ms, its backend); infinite when nothing ran."""
-        best = min(self.profiles.get(key, {}).values(), key=lambda p: p.cost_ms, default=None)
-        return (best.cost_ms, best.backend) if best and best.status == "ok" else (float("inf"), None)
+    def cost(self, key: str, adjust=None) -> tuple[float, str | None]:
+        """(best median latency in ms, its backend); infinite when nothing ran. `adjust(key,
+        backend, ms)` may replace each measured latency (korch.pipeline's in-place calibration)."""
+        ran = [(p.cost_ms, b) for b, p in self.profiles.get(key, {}).items() if p.cost_ms < float("inf")]
+        if adjust is not None:
+            ran = [(adjust(key, b, ms), b) for ms, b in ran]
+        return min(ran, key=lambda c: c[0], default=(float("inf"), None))
 
     def summary(self) -> dict:
         return {
@@ -82,11 +86,6 @@ class ProfileResult:
 def example_tensors(graph: Graph, device: str, seed: int = 0) -> list[torch.Tensor]:
     feeds = check.random_inputs(graph, seed)
     return [torch.as_tensor(feeds[name]).to(device) for name in graph.inputs]
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 _L2_FLUSH: dict[str, torch.Tensor] = {}
@@ -165,7 +164,7 @@ def run_job(job: dict) -> dict:
             result.update(median_ms=median, min_ms=lo, max_ms=hi)
         return result
     except Exception as e:  # a backend that cannot compile or run this kernel: infinite cost
-        line = (str(e).strip().splitlines() or [""])[0][:240]
+        line = first_line(e, 240)
         return {
             "status": "failed",
             "reason": f"{type(e).__name__}: {line}",

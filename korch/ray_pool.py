@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import time
 
+from korch.errors import first_line
+
 log = logging.getLogger("korch")
 
 
@@ -66,7 +68,7 @@ class RayPool:
         try:
             return self.ray.get(ref)
         except Exception as e:  # the worker died (a crashing kernel) or the task was lost
-            line = (str(e).strip().splitlines() or [""])[0][:200]
+            line = first_line(e, 200)
             return {"status": "failed", "reason": f"Ray worker failed: {type(e).__name__}: {line}"}
 
     def close(self) -> None:
@@ -84,6 +86,6 @@ def make_ray_pool(device: str, address: str | None, threads: int):
     try:
         return RayPool(device, address, threads)
     except Exception as e:
-        line = (str(e).strip().splitlines() or [""])[0][:200]
+        line = first_line(e, 200)
         log.warning("korch: Ray did not start (%s); profiling with the local pool", line)
         return None

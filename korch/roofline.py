@@ -11,17 +11,15 @@ from korch.prims import Prim, TensorType
 
 
 def _best_seconds(fn, device: str, repeats: int) -> float:
-    import torch
+    from korch.backends import synchronize
 
     fn()  # warm-up: allocation, thread pool, cuBLAS handles
     best = math.inf
     for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        synchronize(device)
         start = time.perf_counter()
         fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best
 

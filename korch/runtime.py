@@ -4,13 +4,15 @@ them in order on device tensors, releasing each buffer after its last reader."""
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 
 import numpy as np
 import torch
 
-from korch.backends import all_backends
+from korch.backends import all_backends, synchronize
 from korch.backends.torch_ops import DTYPES
-from korch.errors import KorchError
+from korch.errors import KorchError, first_line
 
 log = logging.getLogger("korch")
 
@@ -67,16 +69,21 @@ class Executable:
                 static_out = self._run(static_in)
             return graph, static_in, static_out
         except Exception as e:
-            line = (str(e).strip().splitlines() or [""])[0][:160]
+            line = first_line(e, 160)
             log.info("korch: CUDA graph capture failed (%s); running kernel by kernel", line)
             return False
 
-    def _run(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    def _run(self, feeds: dict[str, torch.Tensor], step_ms: list[float] | None = None) -> list[torch.Tensor]:
+        """Every kernel in order; with `step_ms`, each one's milliseconds (device synchronised)."""
         env = dict(self.weights)
         env.update(feeds)
         for fn, ins, outs, free in self.steps:
-            results = fn(*[env[v] for v in ins])
-            env.update(zip(outs, results))
+            if step_ms is not None:
+                start = time.perf_counter()
+            env.update(zip(outs, fn(*[env[v] for v in ins])))
+            if step_ms is not None:
+                synchronize(self.plan.device)
+                step_ms.append((time.perf_counter() - start) * 1e3)
             for v in free:
                 env.pop(v, None)
         return [env[v] for v, _ in self.plan.outputs]
@@ -85,26 +92,16 @@ class Executable:
         """(median ms, minimum ms) of the whole plan and the median ms of each kernel in place (in
         plan order, with the caches and thread pools as the kernels before it left them): what the
         cost model's sum of isolated timings is checked against."""
-        import statistics
-        import time
-
-        cuda = self.plan.device.startswith("cuda")
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
-        totals, per_step = [], [[] for _ in self.steps]
+        totals, per_run = [], []
         for _ in range(repeats + 1):  # the first run warms up
-            env = dict(self.weights)
-            env.update(feeds)
-            sync()
+            steps: list[float] = []
+            synchronize(self.plan.device)
             begin = time.perf_counter()
-            for i, (fn, ins, outs, free) in enumerate(self.steps):
-                start = time.perf_counter()
-                env.update(zip(outs, fn(*[env[v] for v in ins])))
-                sync()
-                per_step[i].append((time.perf_counter() - start) * 1e3)
-                for v in free:
-                    env.pop(v, None)
+            self._run(feeds, steps)
             totals.append((time.perf_counter() - begin) * 1e3)
-        return statistics.median(totals[1:]), min(totals[1:]), [statistics.median(t[1:]) for t in per_step]
+            per_run.append(steps)
+        per_step = [statistics.median(t) for t in zip(*per_run[1:])]
+        return statistics.median(totals[1:]), min(totals[1:]), per_step
 
     def feeds(self, inputs, named) -> dict[str, torch.Tensor]:
         if len(inputs) > len(self.input_names):

@@ -69,6 +69,12 @@ def get_backends(names: list[str] | None = None) -> list[Backend]:
     return [known[n] for n in names]
 
 
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (a no-op on CPU): every timer calls this around a call."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def device_name(device: str) -> str:
     """A stable description of the device, part of every profile's key."""
     if device.startswith("cuda"):

@@ -14,7 +14,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
-from korch.errors import KorchError, Unsupported
+from korch.errors import KorchError, Unsupported, first_line
 from korch.frontend.lowering import Lowering, OnnxNode, find_rule
 from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
 from korch.ir import Graph, GraphBuilder, verify
@@ -93,9 +93,7 @@ def skeleton(model: onnx.ModelProto, keep: int = 4096) -> onnx.ModelProto:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(e).__name__
+    return first_line(e) or type(e).__name__
 
 
 def _input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, TensorType]:
