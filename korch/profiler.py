@@ -12,11 +12,13 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -146,15 +148,24 @@ def run_job(job: dict) -> dict:
 
     module, _, cls = job["backend_class"].partition(":")
     backend = getattr(importlib.import_module(module), cls)()
-    graph = load_graph_json(job["spec"])
+    blobs = dict(job.get("blobs", {}))
+    for digest, path in job.get("blob_files", {}).items():
+        blobs.setdefault(digest, Path(path).read_bytes())
+    graph = load_graph_json(job["spec"], blobs=blobs)
     spec = KernelSpec(job["key"], graph, (), ())
     device = job["device"]
     started = time.perf_counter()
     try:
         compiled = backend.compile(spec, device)
         compile_s = time.perf_counter() - started
-        inputs = [to_tensor(x, device) for x in job["inputs"]]
-        want = reference.run(graph, dict(zip(graph.inputs, job["inputs"])))
+        arrays = [_load(x) for x in job["inputs"]]
+        inputs = [to_tensor(x, device) for x in arrays]
+        # the source model's reference is the primitive graph's values, computed by the caller
+        # (checking ONNX Runtime against another ONNX Runtime session would prove nothing)
+        if "want" in job:
+            want = {name: _load(x) for name, x in job["want"].items()}
+        else:
+            want = reference.run(graph, dict(zip(graph.inputs, arrays)))
         reason = check_kernel(compiled.fn(*inputs), want, graph)
         if reason:
             return {"status": "failed", "reason": reason, "compile_s": compile_s}
@@ -283,20 +294,40 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _activations(graph: Graph, needed: set[str], seed: int = 0) -> dict[str, np.ndarray]:
-    """Real intermediate values (a run on seeded inputs): kernels are checked and timed on the data
-    they will see, not on noise that makes sqrt and log produce NaN. Torch ops compute them (numpy
-    convolutions take minutes on large models); the reference stays the oracle in the checks."""
+def _spill_activations(graph: Graph, needed: set[str], directory: Path, seed: int = 0) -> dict[str, str]:
+    """Real values of `needed` (a run on seeded inputs), each written to an .npy file in
+    `directory` as soon as it is computed: value -> path. Kernels are checked and timed on the data
+    they will see, not on noise that makes sqrt and log produce NaN; on disk, a large model's
+    activations (YOLOv4's are 1 GB) are neither held by this process nor pickled into every job.
+    Torch ops compute them (numpy convolutions take minutes on large models); the reference stays
+    the oracle in the checks."""
+    paths: dict[str, str] = {}
+
+    def save(v: str, array) -> None:
+        if v in needed and v not in paths:
+            paths[v] = str(directory / f"v{len(paths)}.npy")
+            np.save(paths[v], np.asarray(array, dtype=graph.types[v].dtype))
 
     def step(node, arrays):
         try:
-            outs = torch_ops.apply(node.prim, [to_tensor(a) for a in arrays], node.a)
+            outs = [o.numpy() for o in torch_ops.apply(node.prim, [to_tensor(a) for a in arrays], node.a)]
         except NotImplementedError:
-            return node.prim.ref(arrays, node.a)
-        return [o.numpy() for o in outs]
+            outs = node.prim.ref(arrays, node.a)
+        for v, out in zip(node.outputs, outs):
+            save(v, out)
+        return outs
 
+    feeds = check.random_inputs(graph, seed)
+    for v, array in [*graph.constants.items(), *feeds.items()]:
+        save(v, array)
     with torch.inference_mode():
-        return reference.evaluate(graph, check.random_inputs(graph, seed), needed, step)
+        reference.evaluate(graph, feeds, (), step)
+    return paths
+
+
+def _load(value) -> np.ndarray:
+    """A job's array: given, or an .npy file written by _spill_activations."""
+    return np.load(value) if isinstance(value, str) else value
 
 
 def _coverage(jobs: list[tuple[KernelSpec, Backend]], done: set[str]) -> list[tuple[KernelSpec, Backend]]:
@@ -310,6 +341,22 @@ def _coverage(jobs: list[tuple[KernelSpec, Backend]], done: set[str]) -> list[tu
             seen.add(spec.key)
             keep.append((spec, backend))
     return keep
+
+
+def _write_blobs(specs, directory: Path) -> dict[str, dict[str, str]]:
+    """Each source model's bytes written once to a file: key -> {sha256: path}. Workers load the
+    file instead of receiving hundreds of megabytes through a pipe with every job."""
+    files: dict[str, dict[str, str]] = {}
+    for spec in specs:
+        for node in spec.graph.nodes:
+            for _, value in node.attrs:
+                if isinstance(value, bytes):
+                    digest = hashlib.sha256(value).hexdigest()
+                    path = directory / f"{digest}.onnx"
+                    if not path.exists():
+                        path.write_bytes(value)
+                    files.setdefault(spec.key, {})[digest] = str(path)
+    return files
 
 
 def _priority(job: tuple[KernelSpec, Backend]) -> tuple:
@@ -356,21 +403,28 @@ def profile(
     if not jobs:
         result.seconds = time.time() - started
         return result
-    values = _activations(graph, {v for spec, _ in jobs for v in spec.inputs})
+    sources = {spec.key: spec for spec, _ in jobs if spec.key.startswith(SOURCE_MODEL_PREFIX)}
+    needed = {v for spec, _ in jobs for v in spec.inputs} | {v for s in sources.values() for v in s.outputs}
+    scratch = tempfile.TemporaryDirectory(prefix="korch-profile-")
+    values = _spill_activations(graph, needed, Path(scratch.name))
+    blob_files = _write_blobs(sources.values(), Path(scratch.name))
 
     def make_job(spec: KernelSpec, backend: Backend, phase: str) -> dict:
-        doc, _ = graph_to_json(spec.graph)
         cls = type(backend)
-        return {
+        job = {
             "key": spec.key,
             "backend": backend.name,
             "backend_class": f"{cls.__module__}:{cls.__qualname__}",
-            "spec": doc,
+            "spec": graph_to_json(spec.graph, blob_files.get(spec.key, {}))[0],
             "device": options.device,
             "inputs": [values[v] for v in spec.inputs],
             "phase": phase,
             "min_time": options.min_time,
         }
+        if spec.key in sources:  # the model travels as a file, its check against the primitive graph
+            job["blob_files"] = blob_files[spec.key]
+            job["want"] = {n: values[v] for n, v in zip(spec.graph.output_names, spec.outputs)}
+        return job
 
     by_id = {(s.key, b.name): (s, b) for s, b in jobs}
 
@@ -393,12 +447,8 @@ def profile(
             outcome.get("compile_s"),
             outcome.get("reason"),
         )
-        # the database keeps a source model by its sha256, not a second copy of its bytes
-        doc = job["spec"]
-        if spec.key.startswith(SOURCE_MODEL_PREFIX):
-            blobs = [v for n in spec.graph.nodes for _, v in n.attrs if isinstance(v, bytes)]
-            doc = graph_to_json(spec.graph, {hashlib.sha256(b).hexdigest() for b in blobs})[0]
-        db.store(prof, backend.version(), device, spec.signature, doc)
+        # a source model is in the job (and the database) by its sha256, not a copy of its bytes
+        db.store(prof, backend.version(), device, spec.signature, job["spec"])
         result.profiles[spec.key][backend.name] = prof
         result.profiled += 1
         if failed:
@@ -422,9 +472,11 @@ def profile(
                 queue, first, late = rest, 0, True
                 continue
             batch, first = queue[first : first + chunk], first + chunk
-            timing.clear()
+            # a source model goes straight to the timing worker (which compiles and checks it
+            # too): one ONNX Runtime session of a large model fewer, in a process that stays
+            timing[:] = [make_job(s, b, "time") for s, b in batch if s.key in sources]
             compile_pool.run(
-                [make_job(s, b, "compile") for s, b in batch],
+                [make_job(s, b, "compile") for s, b in batch if s.key not in sources],
                 options.compile_timeout,
                 lambda j, o: record(j, o, progress, final=False),
             )
@@ -432,5 +484,6 @@ def profile(
     finally:
         compile_pool.close()
         timer.close()
+        scratch.cleanup()
     result.seconds = time.time() - started
     return result

@@ -248,6 +248,55 @@ def test_a_source_model_plan_keeps_the_model_once(model_path, tmp_path):
     assert loaded.verify() <= 1e-6
 
 
+def test_the_source_model_job_reads_its_file_and_is_checked_against_the_primitive_graph(model_path, tmp_path):
+    """A worker gets the source model as a file (not bytes through the pipe) and checks ONNX
+    Runtime's outputs against the primitive graph's values the caller computed."""
+    from korch.graph_io import graph_to_json
+    from korch.pipeline import original_model_seed
+    from korch.profiler import _load, _spill_activations, _write_blobs, run_job
+
+    result = korch.fission(model_path)
+    _, spec = original_model_seed(result.graph, result.model)
+    files = _write_blobs([spec], tmp_path)[spec.key]
+    values = _spill_activations(result.graph, set(spec.inputs) | set(spec.outputs), tmp_path)
+    want = {n: values[v] for n, v in zip(spec.graph.output_names, spec.outputs)}
+    expected = reference.run(result.graph, {v: _load(values[v]) for v in spec.inputs})
+    for name, v in zip(spec.graph.output_names, result.graph.output_names):  # the files hold real values
+        np.testing.assert_allclose(_load(want[name]), expected[v], rtol=1e-5, atol=1e-5)
+    job = {
+        "key": spec.key,
+        "backend_class": "korch.backends.onnxrt:OnnxRuntimeBackend",
+        "spec": graph_to_json(spec.graph, set(files))[0],
+        "device": "cpu",
+        "inputs": [values[v] for v in spec.inputs],
+        "phase": "time",
+        "min_time": 0.002,
+        "blob_files": files,
+        "want": want,
+    }
+    assert "base64" not in str(job["spec"])
+    ok = run_job(job)
+    assert ok["status"] == "ok" and ok["median_ms"] > 0
+    wrong = run_job({**job, "want": {n: _load(w) + 1.0 for n, w in want.items()}})
+    assert wrong["status"] == "failed" and "wrong result" in wrong["reason"]
+
+
+def test_refinement_measures_the_source_model_even_when_its_profile_was_disturbed(model_path, tmp_path):
+    """A source-model timing inflated by a busy machine stays in the database; the refinement
+    still measures that plan in place, and the plan kept is the fastest one it measured."""
+    import sqlite3
+
+    db = tmp_path / "p.sqlite"
+    optimize(model_path, options=OptimizeOptions(cache=db, **FAST))
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE profiles SET median_ms = 1000, min_ms = 1000 WHERE key LIKE 'model-%'")
+    plan = optimize(model_path, options=OptimizeOptions(cache=db, **FAST))
+    history = plan.meta["refine"]
+    assert any(h["kernels"] == 1 and h["predicted_ms"] >= 1000 for h in history)
+    assert plan.meta["measured"]["min_ms"] == min(h["min_ms"] for h in history)
+    assert plan.verify() <= 1e-4
+
+
 def test_a_zero_time_budget_still_makes_a_verified_plan(model_path, tmp_path):
     """The first chunk (the source model run whole first of all) is always profiled."""
     plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", time_budget=0, **FAST))

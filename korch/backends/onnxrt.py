@@ -210,7 +210,6 @@ class OnnxRuntimeBackend(Backend):
         import onnxruntime as ort
 
         graph = spec.graph
-        model = to_onnx(graph)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = torch.get_num_threads()
@@ -221,9 +220,16 @@ class OnnxRuntimeBackend(Backend):
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         cuda = device.startswith("cuda")
         providers = ["CUDAExecutionProvider"] if cuda else ["CPUExecutionProvider"]
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+        source = _source_model(graph)
+        if source is not None:  # the bytes as they are: no second copy of a large model
+            sess = ort.InferenceSession(source, opts, providers=providers)
+            out_names = [o.name for o in sess.get_outputs()]
+            nodes = dict(graph.nodes[0].attrs).get("nodes", 1)
+        else:
+            model = to_onnx(graph)
+            sess = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+            out_names, nodes = list(graph.output_names), len(model.graph.node)
         in_names = [i.name for i in sess.get_inputs()]
-        out_names = list(graph.output_names)
         out_types = [graph.types[v] for v in graph.outputs]
         kind, index = ("cuda", torch.device(device).index or 0) if cuda else ("cpu", 0)
         from korch.backends.torch_ops import DTYPES
@@ -240,7 +246,16 @@ class OnnxRuntimeBackend(Backend):
             sess.run_with_iobinding(binding)
             return outs
 
-        return CompiledKernel(fn, kernels=len(model.graph.node))
+        return CompiledKernel(fn, kernels=nodes)
+
+
+def _source_model(graph: Graph) -> bytes | None:
+    """The bytes of a whole source model when the kernel is one (korch.pipeline.original_model_seed)."""
+    if len(graph.nodes) == 1 and graph.nodes[0].prim is Prim.OPAQUE:
+        attrs = dict(graph.nodes[0].attrs)
+        if attrs.get("op_type") == "model":
+            return attrs["model"]
+    return None
 
 
 def _np(x: torch.Tensor) -> str:

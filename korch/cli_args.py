@@ -1,0 +1,166 @@
+"""The `korch` command line's grammar: every command, its arguments and their checks. Usage
+errors are bad input: one line on stderr and exit code 2 (korch.cli runs the commands)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are bad input: one line on stderr and exit code 2."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"korch: error: {message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
+def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
+        if any(d < 0 for d in shape):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape wants NAME=D0xD1x..., got {text!r}") from None
+    return name, shape
+
+
+def _at_least(low, kind=int):
+    """An argparse type: a number of `kind` not below `low` (NaN is refused too)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"wants a number, got {text!r}") from None
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="ONNX file")
+    p.add_argument(
+        "--shape",
+        action="append",
+        type=_parse_shape,
+        metavar="NAME=D0xD1x...",
+        help="pin an input's shape (repeatable)",
+    )
+    p.add_argument("--strict", action="store_true", help="fail instead of keeping operators opaque")
+    _output_args(p)
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-version-mismatch",
+        action="store_true",
+        help="load a plan built with other korch/torch/onnxruntime/backend versions or another device",
+    )
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="korch", description="Optimal kernel orchestration for tensor programs.")
+    parser.add_argument(
+        "--verbose", action="store_true", help="log korch's notes, and print tracebacks for unexpected errors"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("fission", help="split every operator of an ONNX model into primitives")
+    _model_args(p)
+    p.add_argument("-o", "--output", help="write the primitive graph as JSON (large constants in .npz)")
+    p.add_argument("--check", action="store_true", help="compare with ONNX Runtime on random inputs")
+    p.add_argument("--seed", type=int, default=0, help="seed for --check inputs")
+    p.add_argument("--text", action="store_true", help="also print the primitive graph's text form")
+
+    p = sub.add_parser("candidates", help="enumerate candidate kernels (no profiling)")
+    _model_args(p)
+    p.add_argument(
+        "--max-size", type=_at_least(1), default=12, help="primitives per candidate, broadcasts free"
+    )
+
+    p = sub.add_parser("optimize", help="fission, candidates, profiling, selection: write a plan")
+    _model_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="PLAN_DIR", help="where to write the plan")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--backends", help="comma-separated backends (default: inductor,vendor,onnxruntime)")
+    p.add_argument(
+        "--cache", help="profile database (default $KORCH_CACHE or ~/.cache/korch/profiles.sqlite)"
+    )
+    p.add_argument(
+        "--time-budget", type=_at_least(0.0, float), help="seconds of profiling; the rest is skipped"
+    )
+    p.add_argument(
+        "--max-size", type=_at_least(1), default=12, help="primitives per candidate, broadcasts free"
+    )
+    p.add_argument("--jobs", type=_at_least(1), help="compile workers (default: one per core)")
+    p.add_argument("--no-seeds", action="store_true", help="no whole-partition peer candidates")
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where compile jobs run: local worker processes, or a Ray cluster (falls back to local "
+        "when Ray is absent); timing always runs here",
+    )
+    p.add_argument("--ray-address", help="Ray cluster to join (default $RAY_ADDRESS, else a local one)")
+
+    p = sub.add_parser("run", help="run a plan")
+    p.add_argument("plan", metavar="PLAN_DIR")
+    _plan_args(p)
+    p.add_argument("--inputs", help="inputs as .npz (default: seeded random inputs)")
+    p.add_argument("--output", help="write the outputs as .npz")
+    p.add_argument("--seed", type=int, default=0)
+    _output_args(p)
+
+    p = sub.add_parser(
+        "verify",
+        help="run a plan and its oracle (ONNX Runtime on the source model, or the reference executor "
+        "on the primitive graph for plans made from PyTorch) on the same inputs and compare",
+    )
+    p.add_argument("plan", metavar="PLAN_DIR")
+    _plan_args(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tolerance", type=_at_least(0.0, float), default=1e-4, help="largest relative error accepted"
+    )
+    _output_args(p)
+
+    p = sub.add_parser("bench", help="time a plan against its peers, interleaved")
+    p.add_argument("target", metavar="MODEL.onnx|PLAN_DIR")
+    _plan_args(p)
+    p.add_argument(
+        "--vs",
+        default="onnxruntime",
+        help="comma-separated peers: onnxruntime, eager, torch-compile, torch-compile-max-autotune, "
+        "torch-compile-cudagraphs (torch peers need a model built by `korch zoo`)",
+    )
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--rounds", type=_at_least(1), default=10, help="interleaved blocks per system")
+    p.add_argument("--cache", help="profile database when optimizing a model")
+    p.add_argument("--time-budget", type=float, help="seconds of profiling when optimizing a model")
+    p.add_argument("--shape", action="append", type=_parse_shape, metavar="NAME=D0xD1x...")
+    _output_args(p)
+
+    p = sub.add_parser("explain", help="what a plan chose and why: kernels, alternatives, graph")
+    p.add_argument("plan", metavar="PLAN_DIR")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    _output_args(p)
+
+    p = sub.add_parser("zoo", help="build the bundled model zoo as ONNX files (random weights)")
+    p.add_argument("names", nargs="*", help="models to build (default: all)")
+    p.add_argument("--dir", help="cache directory (default $KORCH_ZOO or ~/.cache/korch/zoo)")
+    p.add_argument("--force", action="store_true", help="rebuild even when cached")
+    p.add_argument("--list", action="store_true", help="list the models")
+    _output_args(p)
+    return parser
