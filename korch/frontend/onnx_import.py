@@ -32,6 +32,7 @@ class FissionResult:
     opaque: list[tuple[str, str]] = field(default_factory=list)  # (op type, reason)
     warnings: list[str] = field(default_factory=list)
     source: str = "onnx"  # "onnx" or "torch"
+    onnx_names: dict[str, str] = field(default_factory=dict)  # primitive value -> ONNX tensor name
 
     @property
     def opaque_ops(self) -> list[str]:
@@ -232,7 +233,10 @@ def import_onnx(
         name=model.graph.name or "main",
     )
     verify(graph)
-    return FissionResult(graph, model, len(model.graph.node), opaque, warnings)
+    names: dict[str, str] = {}
+    for name, value in env.items():
+        names.setdefault(value, name)
+    return FissionResult(graph, model, len(model.graph.node), opaque, warnings, onnx_names=names)
 
 
 def _check_type(where, name, got: TensorType, expected: Mapping[str, TensorType], warnings: list) -> None:
