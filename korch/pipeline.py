@@ -37,6 +37,11 @@ from korch.roofline import measure_ceilings
 from korch.solver import Choice, Solution, greedy, solve
 
 WHOLE_GRAPH = -1  # the partition index of the whole-graph seed
+# the in-place runs of a plan are spread over this many times the profiler's min_time (2.5 s by
+# default, 0.25 s in the tests' fast settings): on a shared machine a neighbour can take a core
+# for about 2 s, doubling every run inside that window (seen here: 26.7 -> 49.8 ms for the same
+# matmuls), and the plan measured then would lose to a slower one
+MEASURE_SPREAD = 125
 
 
 @dataclass(frozen=True)
@@ -247,7 +252,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         nonlocal best
         seen.add(frozenset((c.candidate.key, c.backend) for c in solution.chosen))
         plan = make_plan(solution)
-        plan.meta["measured"] = measure_in_place(plan)
+        plan.meta["measured"] = measure_in_place(plan, spread_s=options.min_time * MEASURE_SPREAD)
         measured = plan.meta["measured"]
         history.append(
             {
@@ -287,11 +292,11 @@ def _source_model_solution(found: CandidateSet, profiles, like: Solution) -> Sol
     return None
 
 
-def measure_in_place(plan: Plan, repeats: int = 5) -> dict:
+def measure_in_place(plan: Plan, repeats: int = 5, spread_s: float = 0.0) -> dict:
     """The plan run as a whole, each kernel timed where it runs: the check on the cost model (the
     sum of kernels timed alone, warm) that `korch optimize` and `korch explain` report."""
     exe = plan.executable()
-    total, fastest, steps = exe.time_steps(exe.feeds((), plan.random_inputs()), repeats)
+    total, fastest, steps = exe.time_steps(exe.feeds((), plan.random_inputs()), repeats, spread_s)
     return {
         "ms": round(total, 6),
         "min_ms": round(fastest, 6),

@@ -88,12 +88,15 @@ class Executable:
                 env.pop(v, None)
         return [env[v] for v, _ in self.plan.outputs]
 
-    def time_steps(self, feeds: dict[str, torch.Tensor], repeats: int = 5):
+    def time_steps(self, feeds: dict[str, torch.Tensor], repeats: int = 5, spread_s: float = 0.0):
         """(median ms, minimum ms) of the whole plan and the median ms of each kernel in place (in
         plan order, with the caches and thread pools as the kernels before it left them): what the
-        cost model's sum of isolated timings is checked against."""
+        cost model's sum of isolated timings is checked against. The runs are spread over at least
+        `spread_s` seconds, so a burst of interference cannot slow all of them."""
         totals, per_run = [], []
-        for _ in range(repeats + 1):  # the first run warms up
+        for i in range(repeats + 1):  # the first run warms up
+            if i > 1 and spread_s > 0:
+                time.sleep(spread_s / (repeats - 1))
             steps: list[float] = []
             synchronize(self.plan.device)
             begin = time.perf_counter()
