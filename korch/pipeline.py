@@ -32,16 +32,11 @@ from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec
 from korch.plan import Plan, build_plan
 from korch.prims import Prim
 from korch.profile_db import ProfileDB
-from korch.profiler import ProfileOptions, profile
+from korch.profiler import SPREAD, ProfileOptions, profile
 from korch.roofline import measure_ceilings
 from korch.solver import Choice, Solution, greedy, solve
 
 WHOLE_GRAPH = -1  # the partition index of the whole-graph seed
-# the in-place runs of a plan are spread over this many times the profiler's min_time (2.5 s by
-# default, 0.25 s in the tests' fast settings): on a shared machine a neighbour can take a core
-# for about 2 s, doubling every run inside that window (seen here: 26.7 -> 49.8 ms for the same
-# matmuls), and the plan measured then would lose to a slower one
-MEASURE_SPREAD = 125
 
 
 @dataclass(frozen=True)
@@ -252,7 +247,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         nonlocal best
         seen.add(frozenset((c.candidate.key, c.backend) for c in solution.chosen))
         plan = make_plan(solution)
-        plan.meta["measured"] = measure_in_place(plan, spread_s=options.min_time * MEASURE_SPREAD)
+        plan.meta["measured"] = measure_in_place(plan, spread_s=options.min_time * SPREAD)
         measured = plan.meta["measured"]
         history.append(
             {

@@ -33,6 +33,15 @@ def test_time_fn_reports_sane_statistics():
     assert 0 < lo <= median <= hi and n >= 5
 
 
+def test_time_fn_spreads_its_samples_over_time():
+    """Samples in slices over spread_s: a burst of interference cannot cover all of them."""
+    a = torch.randn(64, 64)
+    start = time.perf_counter()
+    median, lo, hi, n = time_fn(lambda x: [x @ x], [a], "cpu", min_time=0.01, spread_s=0.4)
+    assert time.perf_counter() - start >= 0.4
+    assert 0 < lo <= median <= hi and n >= 5
+
+
 def test_faulty_kernels_are_recorded_and_the_run_survives(tmp_path):
     graph = _small_graph()
     cands = enumerate_candidates(graph, CandidateOptions(max_size=1))
