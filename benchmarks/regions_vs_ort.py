@@ -12,6 +12,7 @@ op") or a value crossing its boundary has no ONNX name (an operator lowered into
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -73,7 +74,10 @@ def main() -> int:
     graph = fission.graph
     found = enumerate_candidates(graph, CandidateOptions(max_size=12))
     add_seeds(graph, found)
-    source, source_spec = original_model_seed(graph, fission.model)
+    seed = original_model_seed(graph, fission.model)
+    if seed is None:
+        raise SystemExit("the source model cannot run as one kernel (an output is an input or a constant)")
+    source, source_spec = seed
     found.candidates.append(source)
     db = ProfileDB(args.cache)
     options = ProfileOptions(time_budget=args.time_budget, progress=False)
@@ -92,7 +96,8 @@ def main() -> int:
     print(f"{'part':>4} {'prims':>5} {'korch best ms':>13} {'seed ms':>8} {'ORT region ms':>13}  check")
     total = {"korch": 0.0, "ort": 0.0, "mix": 0.0}
     for part in found.partitions:
-        best, seed = optimum[part.index], result.cost(seeds[part.index].key)[0]
+        best = optimum[part.index]
+        seed = result.cost(seeds[part.index].key)[0] if part.index in seeds else math.nan
         region = cut[part.index]
         if isinstance(region, str):
             print(f"{part.index:4d} {part.stop - part.start:5d} {best:13.3f} {seed:8.3f} {'-':>13}  {region}")

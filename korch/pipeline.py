@@ -243,7 +243,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
 
     best, seen, history = None, set(), []
 
-    def measure(solution: Solution) -> None:
+    def measure(solution: Solution, calibrating: bool = True) -> None:
         nonlocal best
         seen.add(frozenset((c.candidate.key, c.backend) for c in solution.chosen))
         plan = make_plan(solution)
@@ -260,7 +260,8 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         # minima: a shared machine's interference inflates medians of a few runs, never minima
         if best is None or plan.meta["measured"]["min_ms"] < best[0].meta["measured"]["min_ms"]:
             best = (plan, solution)
-        calibrate(plan)
+        if calibrating:
+            calibrate(plan)
 
     for _ in range(1 + options.refine_rounds):
         if frozenset((c.candidate.key, c.backend) for c in solution.chosen) in seen:
@@ -271,7 +272,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
     # (the database keeps it) must not hide the plan that is ONNX Runtime itself
     source = _source_model_solution(found, profiles, solution)
     if source is not None and frozenset((c.candidate.key, c.backend) for c in source.chosen) not in seen:
-        measure(source)
+        measure(source, calibrating=False)  # no re-solve follows, and its timing is a whole model
     best[0].meta["refine"] = history
     best[0].meta["extra_ms_per_kernel"] = {b: round(v, 6) for b, v in extra.items()}
     return best

@@ -13,14 +13,11 @@ log = logging.getLogger("korch")
 
 
 def _ray_job(job: dict, threads: int) -> dict:
-    import ray
     import torch
 
     from korch.profiler import run_job
 
     torch.set_num_threads(threads)
-    if "blob_refs" in job:  # a source model, from the object store (its file is on the driver)
-        job = {**job, "blobs": {d: ray.get(ref) for d, ref in job.pop("blob_refs").items()}}
     return run_job(job)
 
 
@@ -40,7 +37,6 @@ class RayPool:
         resources = {"num_cpus": threads, "num_gpus": 1 if self.gpu else 0}
         self.task = ray.remote(max_retries=0, **resources)(_ray_job)
         self.threads = threads
-        self.blob_refs: dict = {}  # sha256 -> object ref of a source model's bytes
         total = ray.cluster_resources()
         self.slots = int(total.get("GPU" if self.gpu else "CPU", 0) // (1 if self.gpu else threads))
 
@@ -69,22 +65,14 @@ class RayPool:
                     on_result(job, {"status": "failed", "reason": reason})
 
     def _portable(self, job: dict) -> dict:
-        """The job without paths on this machine: its arrays read from their files, a source model
-        put in the object store once (by sha256)."""
+        """The job without paths on this machine: its arrays read from their files. (Source-model
+        jobs, which carry a model file, are timed locally and never come here.)"""
         from korch.profiler import _load
 
         job = {**job, "inputs": [_load(x) for x in job["inputs"]]}
         if "want" in job:
             job["want"] = {name: _load(x) for name, x in job["want"].items()}
-        if "blob_files" not in job:
-            return job
-        refs = {}
-        for digest, path in job["blob_files"].items():
-            if digest not in self.blob_refs:
-                with open(path, "rb") as f:
-                    self.blob_refs[digest] = self.ray.put(f.read())
-            refs[digest] = self.blob_refs[digest]
-        return {**{k: v for k, v in job.items() if k != "blob_files"}, "blob_refs": refs}
+        return job
 
     def _result(self, ref) -> dict:
         try:

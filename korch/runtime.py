@@ -97,6 +97,7 @@ class Executable:
         for i in range(repeats + 1):  # the first run warms up
             if i > 1 and spread_s > 0:
                 time.sleep(spread_s / (repeats - 1))
+                self._run(feeds)  # thread pools and clocks wake up after the pause
             steps: list[float] = []
             synchronize(self.plan.device)
             begin = time.perf_counter()

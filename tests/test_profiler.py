@@ -7,6 +7,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import torch
 from faulty_backends import HangBackend, RaiseBackend, SegfaultBackend, WrongBackend
 from helpers import Const, one_node_model, rand
@@ -40,6 +41,24 @@ def test_time_fn_spreads_its_samples_over_time():
     median, lo, hi, n = time_fn(lambda x: [x @ x], [a], "cpu", min_time=0.01, spread_s=0.4)
     assert time.perf_counter() - start >= 0.4
     assert 0 < lo <= median <= hi and n >= 5
+
+
+def test_check_kernel_tolerates_a_few_flipped_indices_only_when_asked():
+    """The source model is checked against the primitive graph computed another way: an argmax
+    over near-ties may flip a few indices, which a 1% allowance accepts (and nothing more)."""
+    from types import SimpleNamespace
+
+    from korch.ir import TensorType
+    from korch.profiler import check_kernel
+
+    graph = SimpleNamespace(outputs=["y"], output_names=["out0"], types={"y": TensorType((1000,), "int64")})
+    want = {"out0": np.arange(1000)}
+    one_flip = np.arange(1000)
+    one_flip[7] = 8
+    assert "wrong result" in check_kernel([torch.as_tensor(one_flip)], want, graph)
+    assert check_kernel([torch.as_tensor(one_flip)], want, graph, discrete_mismatch=0.01) is None
+    many = np.zeros(1000, dtype=np.int64)
+    assert "differs in" in check_kernel([torch.as_tensor(many)], want, graph, discrete_mismatch=0.01)
 
 
 def test_faulty_kernels_are_recorded_and_the_run_survives(tmp_path):

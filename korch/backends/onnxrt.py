@@ -1,6 +1,7 @@
 """The ONNX Runtime backend: a candidate written back as an ONNX model (primitives map to ONNX
-operators) and run as a session with IO binding, so ONNX Runtime's own fused kernels and its MLAS
-matmul become candidates too."""
+operators) and run as a session (on CPU through run() on zero-copy numpy views, on CUDA with IO
+binding), so ONNX Runtime's own fused kernels and its MLAS matmul become candidates too. The source
+model run whole is one such kernel, its bytes handed to ONNX Runtime as they are."""
 
 from __future__ import annotations
 
