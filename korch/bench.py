@@ -115,10 +115,13 @@ def bench(
     warmup: int = 3,
     block_s: float = 0.05,
     module=None,
+    round_pause_s: float = 1.0,
 ) -> dict:
     """Median, min and max milliseconds per system, each peer's agreement with korch's outputs,
     and korch's speedup over the fastest peer. `module`: the PyTorch source, for torch peers
-    (found automatically for zoo models)."""
+    (found automatically for zoo models). Rounds are `round_pause_s` apart, so the bench spans
+    longer than the ~2 s bursts in which a shared machine's neighbour takes a core (a bench of
+    ten back-to-back rounds fits inside one, and every median doubles)."""
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise KorchError(f"unknown peers {unknown}; available: {', '.join(PEERS)}")
@@ -131,7 +134,7 @@ def bench(
     for fn in systems.values():
         for _ in range(warmup):
             fn()
-    samples = _interleave(systems, rounds, block_s, plan.device)
+    samples = _interleave(systems, rounds, block_s, plan.device, round_pause_s=round_pause_s)
     results = {
         name: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s)}
         for name, s in samples.items()
@@ -150,10 +153,14 @@ def bench(
     }
 
 
-def _interleave(systems: dict[str, Callable], rounds: int, block_s: float, device: str, pause_s=0.02):
+def _interleave(
+    systems: dict[str, Callable], rounds: int, block_s: float, device: str, pause_s=0.02, round_pause_s=0.0
+):
     samples: dict[str, list[float]] = {name: [] for name in systems}
     order = list(systems.items())
     for r in range(rounds):
+        if r:
+            time.sleep(round_pause_s)
         # interleaved blocks (A B C, then C B A, ...), so drift on a shared machine hits every
         # system alike and no system always follows the same one; a pause lets the previous
         # block's spinning thread pools go idle; the first call of each block is dropped: it

@@ -87,3 +87,14 @@ def test_zoo_models_carry_their_pytorch_source(zoo_dir):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     del model.metadata_props[:]
     assert zoo_module(Plan([], [], [], {}, model=model)) is None
+
+
+def test_rounds_are_spread_apart(module_and_plan):
+    """Rounds round_pause_s apart: the bench outlasts a neighbour's burst on a shared machine."""
+    import time
+
+    _, plan, _ = module_and_plan
+    start = time.perf_counter()
+    report = bench(plan, ("onnxruntime",), rounds=3, round_pause_s=0.3)
+    assert time.perf_counter() - start >= 0.6
+    assert report["rounds"] == 3 and report["results"]["korch"]["min_ms"] > 0
