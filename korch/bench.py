@@ -107,6 +107,12 @@ def _systems(plan: Plan, peers, module, feeds) -> tuple[dict[str, Callable], dic
     return systems, compile_s
 
 
+def check_peers(peers) -> None:
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise KorchError(f"unknown peers {unknown}; available: {', '.join(PEERS)}")
+
+
 def bench(
     plan: Plan,
     peers=("onnxruntime",),
@@ -122,9 +128,7 @@ def bench(
     (found automatically for zoo models). Rounds are `round_pause_s` apart, so the bench spans
     longer than the ~2 s bursts in which a shared machine's neighbour takes a core (a bench of
     ten back-to-back rounds fits inside one, and every median doubles)."""
-    unknown = [p for p in peers if p not in PEERS]
-    if unknown:
-        raise KorchError(f"unknown peers {unknown}; available: {', '.join(PEERS)}")
+    check_peers(peers)
     if module is None and any(p in TORCH_MODES for p in peers):
         module = zoo_module(plan)
     feeds = plan.random_inputs(seed)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from korch.errors import KorchError
+from korch.errors import KorchError, error_line
 from korch.ir import Graph
 from korch.prims import Prim
 
@@ -57,8 +57,7 @@ def onnxruntime_outputs(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]
         names = [o.name for o in sess.get_outputs()]
         return dict(zip(names, sess.run(names, dict(inputs))))
     except Exception as e:
-        line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise KorchError(f"ONNX Runtime cannot run this model: {line[:300]}") from None
+        raise KorchError(f"ONNX Runtime cannot run this model: {error_line(e)}") from None
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:

@@ -18,3 +18,8 @@ def first_line(e: BaseException, limit: int = 300) -> str:
     texts from ONNX, ONNX Runtime and compilers run over many lines; korch reports one."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return lines[0][:limit] if lines else ""
+
+
+def error_line(e: BaseException, limit: int = 300) -> str:
+    """first_line, or the exception's type name when its message is empty."""
+    return first_line(e, limit) or type(e).__name__

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from korch.kernel import SOURCE_MODEL_PREFIX
 from korch.plan import Plan, PlanKernel
 from korch.roofline import node_flops, traffic_bytes
 
@@ -11,7 +12,7 @@ from korch.roofline import node_flops, traffic_bytes
 def kernel_nodes(plan: Plan, kernel: PlanKernel) -> tuple[list, dict]:
     """(the kernel's primitives, the types they use): from the plan's whole primitive graph when it
     has one, else from the kernel's own graph (older plans)."""
-    graph = getattr(plan, "graph", None)
+    graph = plan.graph
     if graph is not None and kernel.nodes:
         return [graph.nodes[i] for i in kernel.nodes], graph.types
     return list(kernel.spec.graph.nodes), kernel.spec.graph.types
@@ -46,7 +47,7 @@ def _kernel_report(plan: Plan, index: int, kernel: PlanKernel, alternatives: lis
         "nodes": list(kernel.nodes),
         "names": [n.prim.value for n in nodes],
         "origins": list(dict.fromkeys(n.origin for n in nodes if n.origin)),
-        "seed": kernel.spec.seed or kernel.spec.key.startswith("model-"),
+        "seed": kernel.spec.seed or kernel.spec.key.startswith(SOURCE_MODEL_PREFIX),
         **_rates(kernel, sum(node_flops(n, types) for n in nodes), ceilings),
         "alternatives": alternatives[index] if index < len(alternatives) else [],
     }
@@ -67,7 +68,7 @@ def report(plan: Plan, source: str = "") -> dict:
         "kernels": kernels,
         "backends": dict(Counter(k.backend for k in plan.kernels)),
         "primitives": meta.get("fission", {}).get("primitives"),
-        "has_graph": getattr(plan, "graph", None) is not None,
+        "has_graph": plan.graph is not None,
         "solver": meta.get("solver", {}),
         "greedy_ms": meta.get("greedy_ms"),
         "greedy_kernels": meta.get("greedy_kernels"),

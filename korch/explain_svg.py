@@ -82,7 +82,7 @@ def _ks(kernels: tuple[int, ...]) -> str:
 
 def plan_nodes(plan) -> list[DrawNode]:
     """The nodes to draw, in topological order."""
-    return _graph_nodes(plan) if getattr(plan, "graph", None) is not None else _kernel_nodes(plan)
+    return _graph_nodes(plan) if plan.graph is not None else _kernel_nodes(plan)
 
 
 def layout(nodes: list[DrawNode]) -> list[tuple[int, int]]:

@@ -129,16 +129,13 @@ def _prefer_whole_graph(found: CandidateSet, solution: Solution, cost) -> Soluti
     for whole in (c for c in found.candidates if c.partition == WHOLE_GRAPH):
         ms, backend = cost(whole.key)
         if ms < best.objective_ms:
-            best = Solution(
-                [Choice(whole, backend, ms)],
-                solution.status,
-                solution.gap,
-                ms,
-                solution.seconds,
-                solution.cuts,
-                solution.partitions,
-            )
+            best = _alone(solution, whole, backend, ms)
     return best
+
+
+def _alone(like: Solution, cand: Candidate, backend: str, ms: float) -> Solution:
+    """`like` (its solver status and statistics) with `cand` as the whole plan."""
+    return dataclasses.replace(like, chosen=[Choice(cand, backend, ms)], objective_ms=ms)
 
 
 def optimize(
@@ -243,12 +240,14 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
 
     best, seen, history = None, set(), []
 
+    def chosen(solution: Solution) -> frozenset:
+        return frozenset((c.candidate.key, c.backend) for c in solution.chosen)
+
     def measure(solution: Solution, calibrating: bool = True) -> None:
         nonlocal best
-        seen.add(frozenset((c.candidate.key, c.backend) for c in solution.chosen))
+        seen.add(chosen(solution))
         plan = make_plan(solution)
-        plan.meta["measured"] = measure_in_place(plan, spread_s=options.min_time * SPREAD)
-        measured = plan.meta["measured"]
+        measured = plan.meta["measured"] = measure_in_place(plan, spread_s=options.min_time * SPREAD)
         history.append(
             {
                 "kernels": len(plan.kernels),
@@ -258,20 +257,20 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
             }
         )
         # minima: a shared machine's interference inflates medians of a few runs, never minima
-        if best is None or plan.meta["measured"]["min_ms"] < best[0].meta["measured"]["min_ms"]:
+        if best is None or measured["min_ms"] < best[0].meta["measured"]["min_ms"]:
             best = (plan, solution)
         if calibrating:
             calibrate(plan)
 
     for _ in range(1 + options.refine_rounds):
-        if frozenset((c.candidate.key, c.backend) for c in solution.chosen) in seen:
+        if chosen(solution) in seen:
             break
         measure(solution)
         solution, _ = _select(graph, found, cost, options.solver_time_limit)
     # the source model run whole is always measured too: a timing disturbed when it was profiled
     # (the database keeps it) must not hide the plan that is ONNX Runtime itself
     source = _source_model_solution(found, profiles, solution)
-    if source is not None and frozenset((c.candidate.key, c.backend) for c in source.chosen) not in seen:
+    if source is not None and chosen(source) not in seen:
         measure(source, calibrating=False)  # no re-solve follows, and its timing is a whole model
     best[0].meta["refine"] = history
     best[0].meta["extra_ms_per_kernel"] = {b: round(v, 6) for b, v in extra.items()}
@@ -284,7 +283,7 @@ def _source_model_solution(found: CandidateSet, profiles, like: Solution) -> Sol
         if cand.key.startswith(SOURCE_MODEL_PREFIX):
             ms, backend = profiles.cost(cand.key)
             if backend is not None:
-                return dataclasses.replace(like, chosen=[Choice(cand, backend, ms)], objective_ms=ms)
+                return _alone(like, cand, backend, ms)
     return None
 
 

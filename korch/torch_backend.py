@@ -8,7 +8,7 @@ from dataclasses import fields
 
 import torch
 
-from korch.errors import KorchError
+from korch.errors import KorchError, error_line
 from korch.pipeline import OptimizeOptions
 
 # torch.compile options={...} keys, with the defaults the backend uses (a short profiling budget)
@@ -24,8 +24,9 @@ def korch_backend(gm: torch.fx.GraphModule, example_inputs: Sequence, options: d
     try:
         return compile_graph(gm, list(example_inputs), opts)
     except Exception as e:  # korch must never break the user's program: eager is always correct
-        line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        warnings.warn(f"korch: running this graph eagerly ({type(e).__name__}: {line})", stacklevel=2)
+        warnings.warn(
+            f"korch: running this graph eagerly ({type(e).__name__}: {error_line(e)})", stacklevel=2
+        )
         return gm.forward
 
 

@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 from korch.backends import Backend, CompiledKernel, source_digest
 from korch.frontend.onnx_types import to_onnx_dtype
 from korch.ir import Graph
-from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec
+from korch.kernel import KernelSpec
 from korch.prims import Kind, Prim
 
 OPSET = 18
@@ -215,13 +215,12 @@ class OnnxRuntimeBackend(Backend):
         opts.log_severity_level = 3
         opts.intra_op_num_threads = torch.get_num_threads()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        source = _source_model(graph)
         # a plan holds many sessions, each with its own thread pool: spinning pools would fight;
         # the source model run whole is a plan of one kernel, and spinning makes it 10-30% faster
-        spin = spec.key.startswith(SOURCE_MODEL_PREFIX)
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0" if source is None else "1")
         cuda = device.startswith("cuda")
         providers = ["CUDAExecutionProvider"] if cuda else ["CPUExecutionProvider"]
-        source = _source_model(graph)
         if source is not None:  # the bytes as they are: no second copy of a large model
             sess = ort.InferenceSession(source, opts, providers=providers)
             out_names = [o.name for o in sess.get_outputs()]
@@ -231,10 +230,6 @@ class OnnxRuntimeBackend(Backend):
             sess = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
             out_names, nodes = list(graph.output_names), len(model.graph.node)
         in_names = [i.name for i in sess.get_inputs()]
-        out_types = [graph.types[v] for v in graph.outputs]
-        kind, index = ("cuda", torch.device(device).index or 0) if cuda else ("cpu", 0)
-        from korch.backends.torch_ops import DTYPES
-
         if not cuda:
             # on CPU, plain run() on zero-copy numpy views beats IO binding by ~20 us a call
             # (ONNX Runtime re-plans a binding whose buffers changed)
@@ -244,6 +239,10 @@ class OnnxRuntimeBackend(Backend):
 
             return CompiledKernel(run, kernels=nodes)
 
+        from korch.backends.torch_ops import DTYPES
+
+        out_types = [graph.types[v] for v in graph.outputs]
+        kind, index = "cuda", torch.device(device).index or 0
         binding = sess.io_binding()
 
         def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:

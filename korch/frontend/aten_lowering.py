@@ -90,7 +90,7 @@ class TorchLowering(Lowering):
         super().__init__(builder)
         self._reshaped: dict[str, str] = {}  # value -> the value a chain of reshapes started from
         self._transposed: dict[str, tuple[str, tuple[int, ...]]] = {}  # value -> (source, perm)
-        self.convs: dict[str, tuple] = {}  # conv output -> (fx node, input, weight, bias, attrs)
+        self.convs: dict[str, tuple] = {}  # conv output -> (input, weight, bias, attrs)
 
     def reshape(self, v: str, shape) -> str:
         root = self._reshaped.get(v, v)

@@ -14,7 +14,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
-from korch.errors import KorchError, Unsupported, first_line
+from korch.errors import KorchError, Unsupported, error_line
 from korch.frontend.lowering import Lowering, OnnxNode, find_rule
 from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
 from korch.ir import Graph, GraphBuilder, verify
@@ -50,7 +50,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         try:
             model = onnx.load(str(path))
         except (DecodeError, ValueError, RuntimeError, OSError, UnicodeDecodeError) as e:
-            raise KorchError(f"{path}: not a valid ONNX model ({_first_line(e)})") from None
+            raise KorchError(f"{path}: not a valid ONNX model ({error_line(e)})") from None
         except Exception as e:  # protobuf raises assorted types on random bytes
             raise KorchError(f"{path}: not a valid ONNX model ({type(e).__name__})") from None
     if not model.HasField("graph") or not model.graph.node and not model.graph.output:
@@ -65,7 +65,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     except (onnx.checker.ValidationError, ValueError) as e:
         # an operator version ONNX has since deprecated (GroupNormalization-18) still runs fine
         if "is deprecated" not in str(e):
-            raise KorchError(f"invalid ONNX model: {_first_line(e)}") from None
+            raise KorchError(f"invalid ONNX model: {error_line(e)}") from None
     return model
 
 
@@ -91,10 +91,6 @@ def skeleton(model: onnx.ModelProto, keep: int = 4096) -> onnx.ModelProto:
     out = helper.make_model(slim, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     out.functions.extend(model.functions)
     return out
-
-
-def _first_line(e: BaseException) -> str:
-    return first_line(e) or type(e).__name__
 
 
 def _input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, TensorType]:
@@ -133,7 +129,7 @@ def _input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) 
             f"symbolic input dimensions {', '.join(unpinned)} must be pinned, e.g. --shape NAME=1x3x224x224"
         )
     for name, t in types.items():
-        if t.numel * np.dtype(t.dtype).itemsize > MAX_TENSOR_BYTES:
+        if t.nbytes > MAX_TENSOR_BYTES:
             raise KorchError(f"input {name!r} of shape {list(t.shape)} is too large ({t.nbytes} bytes)")
     _check_initializer_defaults(model)
     return types
@@ -206,7 +202,7 @@ def import_onnx(
         try:
             env[init.name] = b.const(numpy_helper.to_array(init))
         except (KorchError, ValueError) as e:
-            raise KorchError(f"initializer {init.name!r}: {_first_line(e)}") from None
+            raise KorchError(f"initializer {init.name!r}: {error_line(e)}") from None
     ctx = Lowering(b)
     opaque: list[tuple[str, str]] = []
     warnings: list[str] = []
@@ -248,7 +244,7 @@ def _check_type(where, name, got: TensorType, expected: Mapping[str, TensorType]
 
 
 def _check_size(where: str, name: str, t: TensorType) -> None:
-    if t.numel * np.dtype(t.dtype).itemsize > MAX_TENSOR_BYTES:
+    if t.nbytes > MAX_TENSOR_BYTES:
         raise KorchError(f"{where}: output {name!r} of shape {list(t.shape)} is too large ({t.nbytes} bytes)")
 
 
@@ -319,7 +315,7 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
 
         _opaque_session(blob)
     except Exception as e:
-        raise KorchError(f"ONNX Runtime cannot run this operator either: {_first_line(e)}") from None
+        raise KorchError(f"ONNX Runtime cannot run this operator either: {error_line(e)}") from None
     constant = bool(present) and all(ctx.const_value(v) is not None for _, v in present)
     out_types = [expected.get(o) for o in node.output]
     if constant or None in out_types:
@@ -330,7 +326,7 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
         try:
             results = Prim.OPAQUE.ref(feeds, {"model": blob})
         except Exception as e:
-            raise KorchError(f"cannot determine the output types: {_first_line(e)}") from None
+            raise KorchError(f"cannot determine the output types: {error_line(e)}") from None
         if constant:
             return [ctx.const(r) for r in results]
         out_types = [t or TensorType.of(np.asarray(r)) for t, r in zip(out_types, results)]

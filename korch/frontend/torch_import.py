@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from korch.errors import KorchError, Unsupported
+from korch.errors import KorchError, Unsupported, error_line
 from korch.frontend import torch_rules_math, torch_rules_shape  # noqa: F401  (registrations)
 from korch.frontend.aten_lowering import ATEN_RULES, AtenNode, TorchLowering, meta_type, torch_dtype_name
 from korch.frontend.lowering import Lowering
@@ -52,8 +52,7 @@ def export(module, example_inputs: Sequence[Any]):
             ep = torch.export.export(module, tuple(example_inputs))
             return ep.run_decompositions(decomposition_table())
     except Exception as e:
-        line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise KorchError(f"torch.export failed: {type(e).__name__}: {line[:300]}") from None
+        raise KorchError(f"torch.export failed: {type(e).__name__}: {error_line(e)}") from None
 
 
 def import_torch(

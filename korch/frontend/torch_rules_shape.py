@@ -233,10 +233,10 @@ def matmul_rule(ctx: Lowering, n: AtenNode) -> str:
 
 @aten("aten.addmm.default")
 def addmm(ctx: Lowering, n: AtenNode) -> str:
-    y = ctx.emit(Prim.MATMUL, n["mat1"], n["mat2"])
+    # on the rows before a flattening view: the bias is added before the view back, as in an
+    # ONNX MatMul + Add
     rows = ctx.unmerged(n["mat1"], 1) if hasattr(ctx, "unmerged") else n["mat1"]
-    if rows != n["mat1"]:  # bias added before the view back, as in an ONNX MatMul + Add
-        y = ctx.emit(Prim.MATMUL, rows, n["mat2"])
+    y = ctx.emit(Prim.MATMUL, rows, n["mat2"])
     dtype = ctx.dtype(y)
     if n["alpha"] != 1:
         y = ctx.elementwise(Prim.MUL, y, ctx.scalar(n["alpha"], dtype))
