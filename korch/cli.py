@@ -109,6 +109,7 @@ def cmd_optimize(args) -> int:
         jobs=args.jobs,
         progress=not args.quiet,
         seeds=not args.no_seeds,
+        fold=not args.no_fold,
         executor=args.executor,
         ray_address=args.ray_address or os.environ.get("RAY_ADDRESS") or None,
     )
@@ -129,6 +130,7 @@ def cmd_optimize(args) -> int:
         "greedy_kernels": meta["greedy_kernels"],
         "measured_ms": meta["measured"]["ms"],
         "backends": dict(Counter(k.backend for k in plan.kernels)),
+        "rewrites": meta["rewrites"],
         "plan": str(args.output),
     }
     solver = meta["solver"]
@@ -146,6 +148,8 @@ def cmd_optimize(args) -> int:
         f"failed {payload['failed']}, skipped {payload['skipped']}\n"
         f"backends: {backends_used}\nplan written to {args.output}"
     )
+    for rewrite in meta["rewrites"]:
+        human += f"\nrewrite: {rewrite}"
     if payload["skipped"]:
         _log(args, f"warning: {payload['skipped']} kernels were not profiled within --time-budget")
     _emit(args, payload, human)

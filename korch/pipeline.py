@@ -33,6 +33,7 @@ from korch.plan import Plan, build_plan
 from korch.prims import Prim
 from korch.profile_db import ProfileDB
 from korch.profiler import SPREAD, ProfileOptions, profile
+from korch.rewrite import fold_linear_maps
 from korch.roofline import measure_ceilings
 from korch.solver import Choice, Solution, greedy, solve
 
@@ -55,6 +56,7 @@ class OptimizeOptions:
     ray_address: str | None = None
     measure: bool = True  # time each plan in place (meta["measured"]) and re-solve with those timings
     refine_rounds: int = 2  # re-solves with in-place timings (when measure is on)
+    fold: bool = True  # fold mixing maps (1x1 convolutions, constant matmuls) upstream (korch.rewrite)
 
 
 def add_seeds(graph: Graph, found: CandidateSet) -> int:
@@ -152,7 +154,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     """Candidates, profiling, selection and the plan for an imported primitive graph (from ONNX or
     PyTorch; without a source ONNX model there is no whole-model seed and no ONNX Runtime oracle)."""
     started = time.perf_counter() if started is None else started
-    graph = fission.graph
+    graph, rewrites = fold_linear_maps(fission.graph) if options.fold else (fission.graph, [])
     found = enumerate_candidates(graph, CandidateOptions(max_size=options.max_size))
     seeds = add_seeds(graph, found) if options.seeds else 0
     specs = {}
@@ -192,6 +194,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
             "primitives": len(graph.nodes),
             "opaque_ops": fission.opaque_ops,
         },
+        "rewrites": rewrites,
         "candidates": {**found.summary(), "seeds": seeds},
         "profiling": profiles.summary(),
         "greedy_ms": baseline.objective_ms if baseline else None,

@@ -1,0 +1,203 @@
+"""Linear-map folding (korch.rewrite): the rewritten graph computes what ONNX Runtime computes on the
+source model (and what the numpy reference computes on the unrewritten graph), with fewer FLOPs."""
+
+import io
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+
+import korch
+from korch import check, reference
+from korch.ir import GraphBuilder
+from korch.pipeline import OptimizeOptions, optimize
+from korch.prims import Prim, TensorType
+from korch.rewrite import fold_linear_maps
+
+
+def linear_flops(graph):
+    """FLOPs of the matmuls and convolutions (the work the rewrite is about)."""
+    total = 0
+    for n in graph.nodes:
+        if n.prim is Prim.MATMUL:
+            total += graph.types[n.outputs[0]].numel * graph.types[n.inputs[0]].shape[-1] * 2
+        elif n.prim is Prim.CONV:
+            w = graph.types[n.inputs[1]].shape
+            total += graph.types[n.outputs[0]].numel * int(np.prod(w[1:])) * 2
+    return total
+
+
+def fission_of(module, *args):
+    torch.manual_seed(0)
+    buffer = io.BytesIO()
+    with torch.no_grad():
+        torch.onnx.export(module.eval(), args, buffer, dynamo=False, opset_version=17)
+    return korch.fission(onnx.load_from_string(buffer.getvalue()))
+
+
+def folded(result):
+    """The rewritten graph, checked against ONNX Runtime on the source model."""
+    graph, notes = fold_linear_maps(result.graph)
+    inputs = check.random_inputs(result.graph, 0)
+    want = check.onnxruntime_outputs(result.model, inputs)
+    assert check.compare_outputs(reference.run(graph, inputs), want) <= 1e-5
+    return graph, notes
+
+
+class Decoder(torch.nn.Module):
+    """Segformer's decode head in miniature: per-scale linear layers, bilinear upsampling to the
+    largest scale, concatenation and a 1x1 convolution."""
+
+    def __init__(self, dims=(8, 16, 24), width=12):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mlps = torch.nn.ModuleList(torch.nn.Linear(d, width) for d in dims)
+        self.fuse = torch.nn.Conv2d(width * len(dims), width, 1, bias=False)
+
+    def forward(self, *feats):
+        size = feats[0].shape[2:]
+        ups = []
+        for f, mlp in zip(feats, self.mlps):
+            b, _, h, w = f.shape
+            y = mlp(f.flatten(2).transpose(1, 2)).transpose(1, 2).reshape(b, -1, h, w)
+            if (h, w) != tuple(size):
+                y = F.interpolate(y, size=size, mode="bilinear", align_corners=False)
+            ups.append(y)
+        return torch.relu(self.fuse(torch.cat(ups[::-1], 1)))
+
+
+def test_segformer_decoder_convolution_folds_into_the_linear_layers():
+    feats = (torch.randn(1, 8, 8, 8), torch.randn(1, 16, 4, 4), torch.randn(1, 24, 2, 2))
+    result = fission_of(Decoder(), *feats)
+    graph, notes = folded(result)
+    assert len(notes) == 1 and "36->12" in notes[0]
+    assert not any(n.prim in (Prim.CONV, Prim.CONCAT) for n in graph.nodes)
+    assert sum(n.prim is Prim.MATMUL for n in graph.nodes) == 3  # the linear layers, weights folded
+    assert linear_flops(graph) < 0.3 * linear_flops(result.graph)
+
+
+class UpsampleConcat(torch.nn.Module):
+    """A YOLO neck's route: an upsampled branch concatenated with a lateral one, then a 1x1 conv."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(32, 16, 1)
+
+    def forward(self, small, large):
+        up = F.interpolate(torch.relu(small), scale_factor=2, mode="nearest")
+        return self.conv(torch.cat([up, torch.sigmoid(large)], 1))
+
+
+def test_a_mix_after_an_upsample_moves_before_it():
+    result = fission_of(UpsampleConcat(), torch.randn(1, 16, 4, 4), torch.randn(1, 16, 8, 8))
+    graph, notes = folded(result)
+    assert len(notes) == 1
+    convs = [n for n in graph.nodes if n.prim is Prim.CONV]
+    assert sorted(graph.types[n.inputs[0]].shape[2:] for n in convs) == [(4, 4), (8, 8)]
+    assert linear_flops(graph) < 0.7 * linear_flops(result.graph)
+
+
+def test_a_1x1_convolution_folds_into_the_convolution_before_it():
+    module = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.Conv2d(32, 4, 1))
+    result = fission_of(module, torch.randn(1, 16, 6, 6))
+    graph, notes = folded(result)
+    assert len(notes) == 1
+    (conv,) = [n for n in graph.nodes if n.prim is Prim.CONV]
+    assert graph.types[conv.inputs[1]].shape == (4, 16, 3, 3)
+
+
+def test_two_linear_layers_without_an_activation_become_one():
+    module = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Linear(64, 8))
+    result = fission_of(module, torch.randn(3, 5, 8))
+    graph, notes = folded(result)
+    assert len(notes) == 1
+    (mm,) = [n for n in graph.nodes if n.prim is Prim.MATMUL]
+    assert graph.types[mm.inputs[1]].shape == (8, 8)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.ln, self.fc = torch.nn.LayerNorm(8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.ln(x))
+
+
+class Branching(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.Conv2d(32, 4, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        return self.b(y), y.mean()
+
+
+@pytest.mark.parametrize(
+    "module, shape",
+    [
+        (torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)), (3, 8)),
+        (Attention(), (2, 5, 8)),  # LayerNorm's scale varies along the mixed axis
+        (Branching(), (1, 16, 6, 6)),  # the first conv's output is read elsewhere too
+        (torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 8)), (3, 8)),  # no saving
+    ],
+)
+def test_no_fold_where_it_would_be_wrong_or_would_not_pay(module, shape):
+    result = fission_of(module, torch.randn(*shape))
+    graph, notes = folded(result)
+    assert notes == [] and graph == result.graph
+
+
+def test_the_map_moves_through_layout_padding_gathers_and_affine_nodes():
+    """Every rule of the region at once, on a primitive graph; the oracle is the numpy reference
+    on the graph as built."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", TensorType((2, 5, 8), "float32"))
+    y = b.emit(Prim.GATHER, [x, b.const(rng.integers(0, 5, 20))], axis=1)[0]  # [2, 20, 8]
+    y = b.emit(
+        Prim.MUL,
+        [y, b.emit(Prim.BROADCAST, [b.const(rng.random((1, 20, 1)).astype("float32"))], shape=(2, 20, 8))[0]],
+    )[0]
+    y = b.emit(Prim.PAD, [y], pads=(0, 2, 0, 0, 2, 0), mode="reflect", value=0.0)[0]  # [2, 24, 8]
+    y = b.emit(Prim.SLICE, [y], starts=(0, 1, 0), steps=(1, 2, 1), sizes=(2, 12, 8))[0]
+    y = b.emit(Prim.CONCAT, [y, y], axis=1)[0]  # [2, 24, 8]
+    y = b.emit(Prim.BROADCAST, [y], shape=(3, 2, 24, 8))[0]
+    y = b.emit(Prim.TRANSPOSE, [y], perm=(1, 0, 3, 2))[0]  # [2, 3, 8, 24]
+    y = b.emit(Prim.SUB, [y, b.emit(Prim.NEG, [y])[0]])[0]
+    y = b.emit(Prim.REDUCE_SUM, [y], axes=(1,))[0]  # [2, 1, 8, 24]
+    y = b.emit(Prim.RESHAPE, [y], shape=(2, 8, 24))[0]
+    y = b.emit(Prim.TRANSPOSE, [y], perm=(0, 2, 1))[0]  # [2, 24, 8]
+    bias = b.emit(Prim.BROADCAST, [b.const(rng.random(8).astype("float32"))], shape=(2, 24, 8))[0]
+    y = b.emit(Prim.ADD, [bias, y])[0]
+    out = b.emit(Prim.MATMUL, [y, b.const(rng.standard_normal((8, 3)).astype("float32"))])[0]
+    graph = b.build([out], ["out"])
+    rewritten, notes = fold_linear_maps(graph)
+    assert len(notes) == 1
+    (mm,) = [n for n in rewritten.nodes if n.prim is Prim.MATMUL]
+    assert mm.inputs[0] == "x"  # mixed before the gather: 2x5 rows instead of 2x24
+    inputs = check.random_inputs(graph, 0)
+    got, want = reference.run(rewritten, inputs)["out"], reference.run(graph, inputs)["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_optimize_folds_and_the_plan_matches_onnxruntime(tmp_path):
+    feats = (torch.randn(1, 8, 8, 8), torch.randn(1, 16, 4, 4), torch.randn(1, 24, 2, 2))
+    path = tmp_path / "decoder.onnx"
+    with torch.no_grad():
+        torch.onnx.export(Decoder().eval(), feats, str(path), dynamo=False, opset_version=17)
+    fast = dict(
+        backends=("onnxruntime", "vendor"), min_time=0.002, progress=False, cache=tmp_path / "p.sqlite"
+    )
+    plan = optimize(path, options=OptimizeOptions(**fast))
+    assert len(plan.meta["rewrites"]) == 1
+    assert plan.verify() <= 1e-4
+    assert not any(n.prim is Prim.CONV for n in plan.graph.nodes)
+    unfolded = optimize(path, options=OptimizeOptions(fold=False, **fast))
+    assert unfolded.meta["rewrites"] == [] and any(n.prim is Prim.CONV for n in unfolded.graph.nodes)
