@@ -14,7 +14,7 @@ input with a constant matrix M [C_in, C_out]. Such a map can move toward its pro
 Segformer's all-MLP decoder is the textbook case: four linear layers, bilinear upsampling, a
 concatenation and a 1x1 convolution become four linear layers whose weights already contain the
 convolution (2.1 of its 8 GFLOPs disappear). A rewrite is applied only when the FLOPs it leaves are
-at most GAIN of those it replaces; results change by float rounding only (reassociation)."""
+less than GAIN of those it replaces; results change by float rounding only (reassociation)."""
 
 from __future__ import annotations
 
@@ -26,16 +26,17 @@ from types import MappingProxyType
 import numpy as np
 
 from korch.ir import Graph, Node, freeze_attr, prune, verify
-from korch.prims import Prim, TensorType
+from korch.prims import FLOAT_DTYPES, Prim, TensorType
 
-GAIN = 0.8  # a rewrite must leave at most this fraction of the FLOPs it replaces
-_FLOATS = ("float16", "float32", "float64")
+GAIN = 0.8  # a rewrite must leave less than this fraction of the FLOPs it replaces
+# region nodes that do arithmetic: resizing the mixed axis changes their work (layout nodes count 0)
+_ARITHMETIC = (Prim.ADD, Prim.SUB, Prim.MUL, Prim.NEG, Prim.REDUCE_SUM)
 
 
 @dataclass
 class _Option:
-    """One way to compute a mixed value: its FLOPs (net of the work it makes unnecessary) and
-    a function that emits it and returns the value's name."""
+    """One way to compute a mixed value: its FLOPs net of the work it makes unnecessary (so
+    possibly negative), and a function that emits it and returns the value's name."""
 
     flops: float
     emit: Callable[[_Emitter], str]
@@ -86,13 +87,14 @@ def fold_linear_maps(graph: Graph) -> tuple[Graph, list[str]]:
                 continue
             x, pos, m = mix
             before = graph.types[x].numel * m.shape[1] * 2
-            best = folder.sink(x, pos, m, i)
+            if before == 0:
+                continue
+            best = folder.hoist(x, pos, m, i)
             if best.flops < GAIN * before:
                 graph = folder.apply(i, best)
-                after = max(best.flops, 0.0)
                 notes.append(
-                    f"{node.origin or node.prim.value}: {m.shape[0]}->{m.shape[1]} mix folded "
-                    f"({before / 1e9:.3f} -> {after / 1e9:.3f} GFLOP)"
+                    f"{node.origin or node.prim.value}: {m.shape[0]}->{m.shape[1]} mix folded, "
+                    f"saves {(before - best.flops) / 1e9:.3f} of its {before / 1e9:.3f} GFLOP"
                 )
                 break
         else:
@@ -114,8 +116,16 @@ class _Folder:
         i = self.index.get(v)
         return None if i is None else self.g.nodes[i]
 
-    def only_used_by(self, v: str, allowed: set[int]) -> bool:
-        return v not in self.outputs and self.uses.get(v, set()) <= allowed
+    def private(self, v: str, members: set[int], x: str, consumer: int) -> bool:
+        """Whether a rewrite of x (read by node `consumer`) may replace v: v is read only by the
+        region's members, and x itself exactly once, by the consumer. So two parts of one
+        concatenation never claim the same producer."""
+        if v in self.outputs:
+            return False
+        readers = self.uses.get(v, set())
+        if v == x:
+            return readers == {consumer} and self.g.nodes[consumer].inputs.count(x) == 1
+        return readers <= members
 
     def constant(self, v: str, rank: int) -> np.ndarray | None:
         """v's value if it is a constant or a broadcast of one, before the broadcast, with leading
@@ -131,11 +141,12 @@ class _Folder:
     # ---------------------------------------------------------------- where a map starts
 
     def mixing(self, node: Node) -> tuple[str, int, np.ndarray] | None:
-        """(input, mixed axis, M) when node is a mixing map with constant float weights."""
+        """(input, mixed axis, M [C_in, C_out]) when node is a mixing map with constant float
+        weights (a convolution's weight [C_out, C_in, 1, ...] is transposed to that)."""
         if len(node.inputs) != 2 or node.inputs[1] not in self.g.constants:
             return None
         x, w = node.inputs[0], self.g.constants[node.inputs[1]]
-        if node.inputs[0] in self.g.constants or self.g.types[x].dtype not in _FLOATS:
+        if node.inputs[0] in self.g.constants or self.g.types[x].dtype not in FLOAT_DTYPES:
             return None
         a = node.a
         if node.prim is Prim.MATMUL and w.ndim == 2:
@@ -153,13 +164,14 @@ class _Folder:
 
     # ---------------------------------------------------------------- moving it up
 
-    def sink(self, x: str, pos: int, m: np.ndarray, consumer: int) -> _Option:
-        """The cheapest way found to compute x mixed along `pos` by m (x read only by `consumer`)."""
+    def hoist(self, x: str, pos: int, m: np.ndarray, consumer: int) -> _Option:
+        """The cheapest way found to compute x (read by node `consumer`) mixed along axis `pos`
+        by m: the map moved up through the region above x and landed at its entries."""
         c_in, c_out = m.shape
         region, pos_of, entries = self._region(x, pos, consumer)
-        allowed = set(region) | {consumer}
-        at_entries = {e: self._terminal(e, pos_of[e], m, allowed) for e in entries}
-        resized = sum(self.g.types[self.g.nodes[i].outputs[0]].numel for i in region) * (c_out / c_in - 1)
+        at_entries = {e: self._land(e, pos_of[e], m, region, x, consumer) for e in entries}
+        arithmetic = [self.g.nodes[i].outputs[0] for i in region if self.g.nodes[i].prim in _ARITHMETIC]
+        resized = sum(self.g.types[v].numel for v in arithmetic) * (c_out - c_in) / c_in
 
         def emit(em: _Emitter) -> str:
             new = {e: option.emit(em) for e, option in at_entries.items()}
@@ -175,14 +187,14 @@ class _Folder:
         in every value they touch, and the values where the map lands (entries)."""
         pos_of = {x: pos}
         members: set[int] = set()
-        heap = [-self.index[x]] if x in self.index else []
+        heap = [-self.index[x]] if x in self.index else []  # a max-heap of node indices
         while heap:  # latest producer first: all of a value's readers are decided before it
             i = -heapq.heappop(heap)
             node = self.g.nodes[i]
             if i in members or len(node.outputs) != 1:
                 continue
             v = node.outputs[0]
-            if self.g.types[v].dtype not in _FLOATS or not self.only_used_by(v, members | {consumer}):
+            if self.g.types[v].dtype not in FLOAT_DTYPES or not self.private(v, members, x, consumer):
                 continue
             ins = self._through(node, pos_of[v])
             if ins is None or any(pos_of.get(w, p) != p for w, p in ins.items()):
@@ -243,20 +255,21 @@ class _Folder:
             return {v: pos for v in ins}
         return None
 
-    def _terminal(self, e: str, pos: int, m: np.ndarray, allowed: set[int]) -> _Option:
+    def _land(self, e: str, pos: int, m: np.ndarray, region: set[int], x: str, consumer: int) -> _Option:
         """Where the map lands at entry e: as a mixing node there, split over a concatenation,
         or folded into the matmul or convolution that produces e."""
         t = self.g.types[e]
         c_in, c_out = m.shape
         options = [_Option(t.numel * c_out * 2, lambda em: _materialize(em, e, pos, m))]
         node = self.producer(e)
-        if node is None or not self.only_used_by(e, allowed):
+        if node is None or not self.private(e, region, x, consumer):
             return options[0]
         consts = self.g.constants
         if node.prim is Prim.CONCAT and node.a["axis"] == pos and not any(v in consts for v in node.inputs):
             cuts = np.cumsum([self.g.types[v].shape[pos] for v in node.inputs])[:-1]
             me = self.index[e]
-            parts = [self.sink(v, pos, part, me) for v, part in zip(node.inputs, np.split(m, cuts))]
+            pieces = zip(node.inputs, np.split(m, cuts))
+            parts = [self.hoist(v, pos, piece, me) for v, piece in pieces if piece.shape[0]]
             adds = t.numel // c_in * c_out * (len(parts) - 1)
             options.append(_Option(sum(o.flops for o in parts) + adds, lambda em: _sum(em, parts)))
         elif node.prim is Prim.MATMUL and pos == t.rank - 1 and node.inputs[1] in consts:
@@ -285,8 +298,7 @@ class _Folder:
         shape[pos] = m.shape[1]
         inputs = []
         for v in node.inputs:
-            elementwise = node.prim in (Prim.ADD, Prim.SUB, Prim.MUL)
-            c = self.constant(v, out.rank) if elementwise and v not in new else None
+            c = self.constant(v, out.rank) if node.prim in (Prim.ADD, Prim.SUB, Prim.MUL) else None
             if c is None:
                 inputs.append(new.get(v, v))  # a mixed value, or one the map does not touch (indices)
             elif node.prim is Prim.MUL:

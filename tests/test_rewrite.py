@@ -201,3 +201,73 @@ def test_optimize_folds_and_the_plan_matches_onnxruntime(tmp_path):
     assert not any(n.prim is Prim.CONV for n in plan.graph.nodes)
     unfolded = optimize(path, options=OptimizeOptions(fold=False, **fast))
     assert unfolded.meta["rewrites"] == [] and any(n.prim is Prim.CONV for n in unfolded.graph.nodes)
+
+
+def same_values(graph):
+    """The rewritten graph and its notes, its outputs checked against the graph as built."""
+    rewritten, notes = fold_linear_maps(graph)
+    inputs = check.random_inputs(graph, 0)
+    want, got = reference.run(graph, inputs), reference.run(rewritten, inputs)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+    return rewritten, notes
+
+
+def f32(rng, *shape):
+    return rng.standard_normal(shape).astype("float32")
+
+
+@pytest.mark.parametrize("c_out", [16, 1])
+def test_a_broadcast_constant_read_by_an_add_and_a_transpose(c_out):
+    """The constant stays a constant in the add (mixed once, at build time) even though the
+    transpose pulls the same broadcast into the region as a value."""
+    rng = np.random.default_rng(1)
+    b = GraphBuilder()
+    z = b.input("z", TensorType((16, 64), "float32"))
+    u = b.emit(Prim.MATMUL, [z, b.const(f32(rng, 64, 16))])[0]
+    bc = b.emit(Prim.BROADCAST, [b.const(f32(rng, 1, 16))], shape=(16, 16))[0]
+    s = b.emit(Prim.ADD, [b.emit(Prim.ADD, [u, bc])[0], b.emit(Prim.TRANSPOSE, [bc], perm=(1, 0))[0]])[0]
+    x = b.emit(Prim.BROADCAST, [s], shape=(8, 16, 16))[0]
+    out = b.emit(Prim.MATMUL, [x, b.const(f32(rng, 16, c_out))])[0]
+    same_values(b.build([out], ["out"]))
+
+
+@pytest.mark.parametrize("second", ["same", "negated"])
+def test_a_concatenation_reading_one_producer_twice_is_not_split(second):
+    rng = np.random.default_rng(2)
+    b = GraphBuilder()
+    z = b.input("z", TensorType((4, 64), "float32"))
+    a = b.emit(Prim.MATMUL, [z, b.const(f32(rng, 64, 8))])[0]
+    other = a if second == "same" else b.emit(Prim.NEG, [a])[0]
+    e = b.emit(Prim.CONCAT, [a, other], axis=1)[0]
+    out = b.emit(Prim.MATMUL, [e, b.const(f32(rng, 16, 8))])[0]
+    graph = b.build([out], ["out"])
+    rewritten, notes = same_values(graph)
+    assert notes == [] and linear_flops(rewritten) <= linear_flops(graph)
+
+
+def test_empty_tensors_are_left_alone():
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input("x", TensorType((4, 0), "float32"))
+    y = b.input("y", TensorType((4, 8), "float32"))
+    empty = b.emit(Prim.MATMUL, [x, b.const(np.zeros((0, 8), "float32"))])[0]
+    e = b.emit(Prim.CONCAT, [x, b.emit(Prim.NEG, [y])[0]], axis=1)[0]
+    out = b.emit(Prim.MATMUL, [e, b.const(f32(rng, 8, 8))])[0]
+    same_values(b.build([empty, out], ["empty", "out"]))
+
+
+@pytest.mark.parametrize("varying", [False, True])
+def test_constant_minus_value_and_scales(varying):
+    """SUB(constant, value) keeps its order; a scale that varies along the mixed axis stops the map."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder()
+    x = b.input("x", TensorType((3, 8), "float32"))
+    y = b.emit(Prim.GATHER, [x, b.const(rng.integers(0, 3, 24))], axis=0)[0]  # [24, 8]
+    bias = b.emit(Prim.BROADCAST, [b.const(f32(rng, 8))], shape=(24, 8))[0]
+    y = b.emit(Prim.SUB, [bias, y])[0]
+    scale = f32(rng, 24, 8 if varying else 1)
+    y = b.emit(Prim.MUL, [y, b.emit(Prim.BROADCAST, [b.const(scale)], shape=(24, 8))[0]])[0]
+    out = b.emit(Prim.MATMUL, [y, b.const(f32(rng, 8, 4))])[0]
+    rewritten, notes = same_values(b.build([out], ["out"]))
+    assert len(notes) == (0 if varying else 1)
