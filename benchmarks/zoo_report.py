@@ -25,6 +25,14 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
+def min_speedup(r: dict) -> float | None:
+    """The best peer's fastest round over korch's: noise on a shared machine only ever adds time,
+    so minima show what each system can do where medians also show how the machine behaved."""
+    res = r["bench"]["results"]
+    peers = [p for p in res if p != "korch"]
+    return min(res[p]["min_ms"] for p in peers) / res["korch"]["min_ms"] if peers else None
+
+
 def _peers(runs: list[dict]) -> list[str]:
     seen = {p for r in runs for p in r["bench"]["results"] if p != "korch"}
     return [p for p in PEER_ORDER if p in seen]
@@ -39,7 +47,7 @@ def _optimize_times(r: dict) -> str:
 def table(runs: list[dict]) -> list[str]:
     peers = _peers(runs)
     head = ["model", "prims", "kernels (greedy)", "korch ms", "predicted ms", *[f"{p} ms" for p in peers]]
-    head += ["vs best peer", "floor ms", "optimize cold / re-run s", "verify err"]
+    head += ["vs best peer", "(minima)", "floor ms", "optimize cold / re-run s", "verify err"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         res = r["bench"]["results"]
@@ -52,6 +60,7 @@ def table(runs: list[dict]) -> list[str]:
             f"{r['predicted_ms']:.3f} ({r['predicted_ms'] / korch:.2f}x)",
             *[f"{res[p]['median_ms']:.3f}" if p in res else "-" for p in peers],
             f"{r['bench']['speedup_vs_best_peer']:.2f}x",
+            f"{min_speedup(r):.2f}x",
             f"{r['roofline']['floor_ms']:.3f}",
             _optimize_times(r),
             f"{r['max_rel_err']:.1e}",
@@ -72,9 +81,10 @@ def targets(runs: list[dict], device: str) -> list[str]:
         mem = [speed[m] for m in MEMORY_BOUND if m in speed]
         g = geomean(mem)
         if g is not None:
+            by_min = geomean([min_speedup(r) for r in runs if r["model"] in MEMORY_BOUND])
             lines.append(
                 f"- geomean speedup on the memory-bound models ({len(mem)} measured): {g:.2f}x "
-                f"(target 1.2x: {'met' if g >= 1.2 else 'missed'})"
+                f"(target 1.2x: {'met' if g >= 1.2 else 'missed'}; by minima {by_min:.2f}x)"
             )
     else:
         tc = [

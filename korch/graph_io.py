@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Container, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -25,11 +24,11 @@ INLINE_LIMIT = 16  # constants up to this many elements are written into the JSO
 BLOB_REF = "blob_sha256"  # a large bytes attribute (a whole source model) stored elsewhere
 
 
-def _attr_to_json(value: Any, by_reference: Container[str] = ()) -> Any:
+def _attr_to_json(value: Any, by_reference: Mapping[str, bytes]) -> Any:
     if isinstance(value, bytes):
-        digest = hashlib.sha256(value).hexdigest() if by_reference else ""
-        if digest in by_reference:
-            return {BLOB_REF: digest}
+        for digest, blob in by_reference.items():
+            if value is blob or value == blob:  # a comparison, not a hash of hundreds of MB
+                return {BLOB_REF: digest}
         return {"base64": base64.b64encode(value).decode()}
     if isinstance(value, tuple):
         return [_attr_to_json(v, by_reference) for v in value]
@@ -50,10 +49,12 @@ def _attr_from_json(value: Any, blobs: Mapping[str, bytes]) -> Any:
     return value
 
 
-def graph_to_json(graph: Graph, by_reference: Container[str] = ()) -> tuple[dict, dict[str, np.ndarray]]:
-    """The JSON document and the arrays too large to inline. Bytes attributes whose sha256 is in
-    `by_reference` (a whole source model) are written as that digest: the caller keeps the bytes
-    and hands them back to load_graph_json."""
+def graph_to_json(
+    graph: Graph, by_reference: Mapping[str, bytes] = MappingProxyType({})
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """The JSON document and the arrays too large to inline. Bytes attributes equal to one of
+    `by_reference`'s blobs (sha256 -> bytes: a whole source model) are written as that digest:
+    the caller keeps the bytes and hands them back to load_graph_json."""
     big: dict[str, np.ndarray] = {}
     consts = []
     for name, array in graph.constants.items():

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from korch.errors import KorchError
-from korch.graph_io import BLOB_REF, graph_to_json, load_graph_json
+from korch.errors import KorchError, error_line
+from korch.graph_io import graph_to_json, load_graph_json
 from korch.ir import Graph
 from korch.kernel import KernelSpec
 from korch.plan_check import check_manifest, check_versions, write_manifest
@@ -79,7 +79,7 @@ class Plan:
                 graph_doc["arrays"] = {v: keys[v] for v in big}
                 (tmp / "graph.json").write_text(json.dumps(graph_doc))
             model_bytes = self.model.SerializeToString() if self.model is not None else b""
-            source = hashlib.sha256(model_bytes).hexdigest() if model_bytes else ""
+            source = {hashlib.sha256(model_bytes).hexdigest(): model_bytes} if model_bytes else {}
             doc = {
                 "format": FORMAT,
                 "device": self.device,
@@ -93,7 +93,7 @@ class Plan:
             if model_bytes:
                 (tmp / "model.onnx").write_bytes(model_bytes)  # what onnx.save writes, serialized once
             (tmp / "plan.json").write_text(json.dumps(doc, indent=1))
-            write_manifest(tmp)  # last: a directory without it is incomplete
+            write_manifest(tmp, {"model.onnx": next(iter(source))} if source else None)  # last
             if directory.exists() and not directory.is_dir():
                 raise KorchError(f"{directory} exists and is not a directory; not overwriting it")
             if directory.exists():
@@ -124,13 +124,14 @@ class Plan:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise KorchError(f"{directory}: not a korch plan (format {found!r})")
-        check_manifest(directory)
+        digests = check_manifest(directory)
         try:
             with np.load(directory / "weights.npz") as npz:  # each array read once, shared
                 arrays = {key: npz[key] for key in npz.files}
             weights = {name: np.asarray(arrays[key]) for name, key in doc["weights"].items()}
-            model = _load_model(directory / "model.onnx") if (directory / "model.onnx").exists() else None
-            blobs = _source_blobs(doc["kernels"], model)
+            model_bytes = (directory / "model.onnx").read_bytes() if "model.onnx" in digests else b""
+            model = _load_model(model_bytes) if model_bytes else None
+            blobs = {digests["model.onnx"]: model_bytes} if model_bytes else {}
             kernels = [_kernel_from_json(k, blobs) for k in doc["kernels"]]
             inputs = [(i["name"], TensorType(tuple(i["shape"]), i["dtype"])) for i in doc["inputs"]]
             outputs = [(o["value"], o["name"]) for o in doc["outputs"]]
@@ -195,13 +196,17 @@ def _remove_dead_temporaries(directory: Path) -> None:
             continue  # not ours, or alive under another user
 
 
-def _load_model(path: Path):
+def _load_model(data: bytes):
+    import onnx
+
     from korch.frontend.onnx_import import load_model
 
     try:
-        return load_model(path)
+        return load_model(onnx.load_from_string(data))
     except KorchError as e:
         raise KorchError(f"corrupt plan: {e}") from None
+    except Exception as e:  # protobuf raises assorted types on random bytes
+        raise KorchError(f"corrupt plan: model.onnx is not a valid ONNX model ({error_line(e)})") from None
 
 
 def _load_graph(path: Path, arrays) -> Graph:
@@ -214,23 +219,9 @@ def _load_graph(path: Path, arrays) -> Graph:
         raise KorchError(f"{path}: corrupt primitive graph ({type(e).__name__}: {e})") from None
 
 
-def _source_blobs(kernel_docs: list[dict], model) -> dict[str, bytes]:
-    """sha256 -> bytes of the source model, serialized only when some kernel refers to it."""
-    refers = any(
-        isinstance(v, dict) and BLOB_REF in v
-        for k in kernel_docs
-        for nd in k["graph"]["nodes"]
-        for v in nd["attrs"].values()
-    )
-    if not refers or model is None:
-        return {}
-    blob = model.SerializeToString()
-    return {hashlib.sha256(blob).hexdigest(): blob}
-
-
-def _kernel_to_json(k: PlanKernel, source: str = "") -> dict:
-    """`source`: the sha256 of model.onnx; a kernel running the source model refers to it."""
-    doc, big = graph_to_json(k.spec.graph, by_reference={source} if source else ())
+def _kernel_to_json(k: PlanKernel, source: dict[str, bytes]) -> dict:
+    """`source`: sha256 -> bytes of model.onnx; a kernel running the source model refers to it."""
+    doc, big = graph_to_json(k.spec.graph, by_reference=source)
     if big:
         raise KorchError("internal: kernel graphs carry only small constants")
     return {

@@ -21,19 +21,24 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def write_manifest(directory: Path) -> None:
-    """Record every file's size and sha256; written after all of them, so its presence says the
-    directory was complete when it was sealed."""
+def write_manifest(directory: Path, known: dict[str, str] | None = None) -> None:
+    """Record every file's size and sha256 (`known`: digests of files the caller just wrote from
+    bytes it hashed); written after all of them, so its presence says the directory was complete
+    when it was sealed."""
+    known = known or {}
     files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST)
     doc = {
         "format": MANIFEST_FORMAT,
-        "files": {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+        "files": {
+            p.name: {"bytes": p.stat().st_size, "sha256": known.get(p.name) or _sha256(p)} for p in files
+        },
     }
     (directory / MANIFEST).write_text(json.dumps(doc, indent=1))
 
 
-def check_manifest(directory: Path) -> None:
-    """Refuse a plan directory whose files are missing, truncated or changed since it was written."""
+def check_manifest(directory: Path) -> dict[str, str]:
+    """Refuse a plan directory whose files are missing, truncated or changed since it was written;
+    file name -> sha256 of every file it holds."""
     try:
         doc = json.loads((directory / MANIFEST).read_text())
         files = doc["files"]
@@ -57,6 +62,7 @@ def check_manifest(directory: Path) -> None:
             )
         if _sha256(path) != digest:
             raise KorchError(f"{directory}: damaged plan ({name} does not match its checksum)")
+    return {name: want["sha256"] for name, want in files.items()}
 
 
 def current_versions(backends: set[str]) -> dict[str, str]:

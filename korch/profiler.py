@@ -371,10 +371,10 @@ def _coverage(jobs: list[tuple[KernelSpec, Backend]], done: set[str]) -> list[tu
     return keep
 
 
-def _write_blobs(specs, directory: Path) -> dict[str, dict[str, str]]:
-    """Each source model's bytes written once to a file: key -> {sha256: path}. Workers load the
-    file instead of receiving hundreds of megabytes through a pipe with every job."""
-    files: dict[str, dict[str, str]] = {}
+def _write_blobs(specs, directory: Path) -> dict[str, dict[str, tuple[str, bytes]]]:
+    """Each source model's bytes written once to a file: key -> {sha256: (path, bytes)}. Workers
+    load the file instead of receiving hundreds of megabytes through a pipe with every job."""
+    files: dict[str, dict[str, tuple[str, bytes]]] = {}
     for spec in specs:
         for node in spec.graph.nodes:
             for _, value in node.attrs:
@@ -383,7 +383,7 @@ def _write_blobs(specs, directory: Path) -> dict[str, dict[str, str]]:
                     path = directory / f"{digest}.onnx"
                     if not path.exists():
                         path.write_bytes(value)
-                    files.setdefault(spec.key, {})[digest] = str(path)
+                    files.setdefault(spec.key, {})[digest] = (str(path), value)
     return files
 
 
@@ -443,18 +443,19 @@ def profile(
 
     def make_job(spec: KernelSpec, backend: Backend, phase: str) -> dict:
         cls = type(backend)
+        blobs = blob_files.get(spec.key, {})
         job = {
             "key": spec.key,
             "backend": backend.name,
             "backend_class": f"{cls.__module__}:{cls.__qualname__}",
-            "spec": graph_to_json(spec.graph, blob_files.get(spec.key, {}))[0],
+            "spec": graph_to_json(spec.graph, {digest: blob for digest, (_, blob) in blobs.items()})[0],
             "device": options.device,
             "inputs": [values[v] for v in spec.inputs],
             "phase": phase,
             "min_time": options.min_time,
         }
         if spec.key in sources:  # the model travels as a file, its check against the primitive graph
-            job["blob_files"] = blob_files[spec.key]
+            job["blob_files"] = {digest: path for digest, (path, _) in blobs.items()}
             job["want"] = {n: values[v] for n, v in zip(spec.graph.output_names, spec.outputs)}
             job["spread_s"] = options.min_time * SPREAD  # the plan that may win alone: timed carefully
             job["discrete_mismatch"] = SOURCE_DISCRETE_MISMATCH

@@ -266,12 +266,12 @@ def test_the_source_model_job_reads_its_file_and_is_checked_against_the_primitiv
     job = {
         "key": spec.key,
         "backend_class": "korch.backends.onnxrt:OnnxRuntimeBackend",
-        "spec": graph_to_json(spec.graph, set(files))[0],
+        "spec": graph_to_json(spec.graph, {digest: blob for digest, (_, blob) in files.items()})[0],
         "device": "cpu",
         "inputs": [values[v] for v in spec.inputs],
         "phase": "time",
         "min_time": 0.002,
-        "blob_files": files,
+        "blob_files": {digest: path for digest, (path, _) in files.items()},
         "want": want,
     }
     assert "base64" not in str(job["spec"])
