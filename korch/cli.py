@@ -109,7 +109,7 @@ def cmd_optimize(args) -> int:
         jobs=args.jobs,
         progress=not args.quiet,
         seeds=not args.no_seeds,
-        fold=not args.no_fold,
+        rewrite=not args.no_rewrite,
         executor=args.executor,
         ray_address=args.ray_address or os.environ.get("RAY_ADDRESS") or None,
     )

@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_at_least(1), help="compile workers (default: one per core)")
     p.add_argument("--no-seeds", action="store_true", help="no whole-partition peer candidates")
     p.add_argument(
-        "--no-fold", action="store_true", help="keep 1x1 convolutions and constant matmuls where they are"
+        "--no-rewrite", action="store_true", help="no algebraic rewrites (optimize the graph as imported)"
     )
     p.add_argument(
         "--executor",

@@ -39,10 +39,10 @@ class _Option:
     possibly negative), and a function that emits it and returns the value's name."""
 
     flops: float
-    emit: Callable[[_Emitter], str]
+    emit: Callable[[Emitter], str]
 
 
-class _Emitter:
+class Emitter:
     """New nodes and constants beside an existing graph (fresh names never collide with it)."""
 
     def __init__(self, graph: Graph, origin: str):
@@ -173,7 +173,7 @@ class _Folder:
         arithmetic = [self.g.nodes[i].outputs[0] for i in region if self.g.nodes[i].prim in _ARITHMETIC]
         resized = sum(self.g.types[v].numel for v in arithmetic) * (c_out - c_in) / c_in
 
-        def emit(em: _Emitter) -> str:
+        def emit(em: Emitter) -> str:
             new = {e: option.emit(em) for e, option in at_entries.items()}
             for i in sorted(region):
                 node = self.g.nodes[i]
@@ -290,7 +290,7 @@ class _Folder:
                 )
         return min(options, key=lambda o: o.flops)
 
-    def _reemit(self, em: _Emitter, node: Node, pos_of: dict[str, int], new: dict[str, str], m) -> str:
+    def _reemit(self, em: Emitter, node: Node, pos_of: dict[str, int], new: dict[str, str], m) -> str:
         """node again, on the mixed inputs (its mixed axis now C_out long)."""
         out = self.g.types[node.outputs[0]]
         pos = pos_of[node.outputs[0]]
@@ -315,27 +315,31 @@ class _Folder:
 
     def apply(self, i: int, option: _Option) -> Graph:
         """The graph with node i's output computed by `option` instead."""
-        g, node = self.g, self.g.nodes[i]
-        em = _Emitter(g, node.origin)
-        y = option.emit(em)
-        old = node.outputs[0]  # readers of old read y instead (verify checks the types agree)
+        em = Emitter(self.g, self.g.nodes[i].origin)
+        return replace_node(self.g, i, em, option.emit(em))
 
-        def renamed(n: Node) -> Node:
-            return Node(n.prim, tuple(y if v == old else v for v in n.inputs), n.outputs, n.attrs, n.origin)
 
-        graph = prune(
-            Graph(
-                inputs=g.inputs,
-                outputs=tuple(y if v == old else v for v in g.outputs),
-                output_names=g.output_names,
-                types=MappingProxyType(em.types),
-                constants=MappingProxyType(em.constants),
-                nodes=(*g.nodes[:i], *em.nodes, *map(renamed, g.nodes[i + 1 :])),
-                name=g.name,
-            )
+def replace_node(graph: Graph, i: int, em: Emitter, y: str) -> Graph:
+    """The graph with em's nodes in place of node i, whose readers read em's value y instead
+    (verify checks that the types agree); nodes and constants left unread are dropped."""
+    old = graph.nodes[i].outputs[0]
+
+    def renamed(n: Node) -> Node:
+        return Node(n.prim, tuple(y if v == old else v for v in n.inputs), n.outputs, n.attrs, n.origin)
+
+    result = prune(
+        Graph(
+            inputs=graph.inputs,
+            outputs=tuple(y if v == old else v for v in graph.outputs),
+            output_names=graph.output_names,
+            types=MappingProxyType(em.types),
+            constants=MappingProxyType(em.constants),
+            nodes=(*graph.nodes[:i], *em.nodes, *map(renamed, graph.nodes[i + 1 :])),
+            name=graph.name,
         )
-        verify(graph)
-        return graph
+    )
+    verify(result)
+    return result
 
 
 def _uniform(c: np.ndarray, pos: int) -> np.ndarray | None:
@@ -349,18 +353,18 @@ def _mix_constant(c: np.ndarray, pos: int, m: np.ndarray) -> np.ndarray:
     return np.moveaxis(np.tensordot(np.moveaxis(full, pos, -1), m.astype(np.float64), axes=1), -1, pos)
 
 
-def _broadcast(em: _Emitter, array: np.ndarray, shape) -> str:
+def _broadcast(em: Emitter, array: np.ndarray, shape) -> str:
     return em.emit(Prim.BROADCAST, [em.const(array)], shape=tuple(shape))
 
 
-def _sum(em: _Emitter, parts: list[_Option]) -> str:
+def _sum(em: Emitter, parts: list[_Option]) -> str:
     total = parts[0].emit(em)
     for part in parts[1:]:
         total = em.emit(Prim.ADD, [total, part.emit(em)])
     return total
 
 
-def _materialize(em: _Emitter, e: str, pos: int, m: np.ndarray) -> str:
+def _materialize(em: Emitter, e: str, pos: int, m: np.ndarray) -> str:
     """e mixed along pos by m, as one matmul (or a 1x1 convolution on a channel axis)."""
     t = em.types[e]
     m = m.astype(t.dtype)

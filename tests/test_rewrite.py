@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import korch
 from korch import check, reference
 from korch.ir import GraphBuilder
-from korch.pipeline import OptimizeOptions, optimize
+from korch.pipeline import OptimizeOptions, optimize, rewrite
 from korch.prims import Prim, TensorType
 from korch.rewrite import fold_linear_maps
 
@@ -38,8 +38,8 @@ def fission_of(module, *args):
 
 
 def folded(result):
-    """The rewritten graph, checked against ONNX Runtime on the source model."""
-    graph, notes = fold_linear_maps(result.graph)
+    """The rewritten graph (every rewrite), checked against ONNX Runtime on the source model."""
+    graph, notes = rewrite(result.graph)
     inputs = check.random_inputs(result.graph, 0)
     want = check.onnxruntime_outputs(result.model, inputs)
     assert check.compare_outputs(reference.run(graph, inputs), want) <= 1e-5
@@ -199,7 +199,7 @@ def test_optimize_folds_and_the_plan_matches_onnxruntime(tmp_path):
     assert len(plan.meta["rewrites"]) == 1
     assert plan.verify() <= 1e-4
     assert not any(n.prim is Prim.CONV for n in plan.graph.nodes)
-    unfolded = optimize(path, options=OptimizeOptions(fold=False, **fast))
+    unfolded = optimize(path, options=OptimizeOptions(rewrite=False, **fast))
     assert unfolded.meta["rewrites"] == [] and any(n.prim is Prim.CONV for n in unfolded.graph.nodes)
 
 
@@ -271,3 +271,58 @@ def test_constant_minus_value_and_scales(varying):
     out = b.emit(Prim.MATMUL, [y, b.const(f32(rng, 8, 4))])[0]
     rewritten, notes = same_values(b.build([out], ["out"]))
     assert len(notes) == (0 if varying else 1)
+
+
+class UpsampleConv(torch.nn.Module):
+    """A resize-convolution: nearest upsampling, padding, a stride-1 convolution."""
+
+    def __init__(self, scale=2, pad=1, mode="reflect", kernel=3, dims=2, upsample="nearest", tap=False):
+        super().__init__()
+        torch.manual_seed(0)
+        conv = (torch.nn.Conv1d, torch.nn.Conv2d)[dims - 1]
+        own_pad = pad if mode == "zeros" else 0
+        self.conv = conv(6, 5, kernel, padding=own_pad)
+        self.scale, self.pad, self.mode, self.upsample, self.tap = scale, pad, mode, upsample, tap
+
+    def forward(self, x):
+        up = F.interpolate(x, scale_factor=self.scale, mode=self.upsample)
+        y = up if self.mode == "zeros" else F.pad(up, (self.pad,) * 2 * (x.dim() - 2), mode=self.mode)
+        out = self.conv(y)
+        return (out, up.sum()) if self.tap else out
+
+
+def conv_kernels(graph):
+    return sorted(graph.types[n.inputs[1]].shape[2:] for n in graph.nodes if n.prim is Prim.CONV)
+
+
+@pytest.mark.parametrize(
+    "kwargs, shape, kernels",
+    [
+        (dict(), (1, 6, 5, 4), [(2, 2)] * 4),  # Candy's layers
+        (dict(mode="replicate", pad=2, kernel=5), (1, 6, 4, 4), [(3, 3)] * 4),
+        (dict(mode="zeros", scale=(2, 3)), (2, 6, 3, 4), [(2, 1)] * 2 + [(2, 2)] * 4),
+        (dict(dims=1, scale=4, kernel=5, pad=2, mode="zeros"), (1, 6, 7), [(2,)] * 4),
+    ],
+)
+def test_a_convolution_over_a_nearest_upsampling_is_split_into_phases(kwargs, shape, kernels):
+    result = fission_of(UpsampleConv(**kwargs), torch.randn(*shape))
+    graph, notes = folded(result)
+    assert len(notes) == 1 and "phase convolutions" in notes[0]
+    assert conv_kernels(graph) == kernels
+    assert linear_flops(graph) < 0.8 * linear_flops(result.graph)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(pad=2),  # a reflection as wide as the scale reaches past the repeated pixel
+        dict(upsample="bilinear"),
+        dict(tap=True),  # the upsampled image is read elsewhere too
+        dict(kernel=1, pad=0, mode="zeros"),  # nothing to gain from phases
+    ],
+)
+def test_no_phase_split_where_it_would_be_wrong_or_would_not_pay(kwargs):
+    result = fission_of(UpsampleConv(**kwargs), torch.randn(1, 6, 5, 4))
+    graph, notes = folded(result)
+    assert not any("phase" in n for n in notes)
+    assert len(conv_kernels(graph)) == 1

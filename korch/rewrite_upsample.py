@@ -1,0 +1,180 @@
+"""Resize-convolutions, an algebraic rewrite of the primitive graph before candidates are enumerated.
+
+A convolution over a nearest-neighbour upsampling by an integer factor s reads every input pixel
+s times along each upsampled axis. Output position s*i + phase only ever sees input positions
+i + delta with delta = (phase + t - pad) // s for the kernel taps t, so each of the s^d output
+phases is a smaller convolution on the input itself, with the taps that land on the same input
+pixel summed into one: a 3x3 convolution after a 2x upsampling becomes four 2x2 convolutions
+(4/9 of the FLOPs) whose outputs are interleaved. Padding of the upsampled image maps onto the
+input: zeros stay zeros, edge stays edge, and a reflection narrower than s is the edge.
+
+Candy's (Johnson et al.'s style transfer) two upsampling layers are the textbook case. A rewrite
+is applied only when it leaves less than GAIN of the convolution's FLOPs."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from korch.ir import Graph, Node
+from korch.prims import Prim
+from korch.rewrite import GAIN, Emitter, replace_node
+
+
+@dataclass(frozen=True)
+class _Match:
+    x: str  # the input before upsampling, [N, C, *spatial]
+    scales: tuple[int, ...]  # per spatial axis (1: not upsampled)
+    pads: tuple[tuple[int, int], ...]  # per spatial axis, on the upsampled image
+    mode: str  # how the input is padded: "edge" or "constant" (zeros)
+
+
+def split_upsampled_convs(graph: Graph) -> tuple[Graph, list[str]]:
+    """The graph with every profitable resize-convolution split into phases; one line per split."""
+    notes: list[str] = []
+    for _ in range(len(graph.nodes)):
+        readers: dict[str, int] = {}
+        for n in graph.nodes:
+            for v in n.inputs:
+                readers[v] = readers.get(v, 0) + 1
+        for i, node in enumerate(graph.nodes):
+            match = _match(graph, node, readers)
+            if match is None:
+                continue
+            before, after = _flops(graph, node, match)
+            if after < GAIN * before:
+                graph = _apply(graph, i, match)
+                scales = "x".join(map(str, match.scales))
+                notes.append(
+                    f"{node.origin or 'conv'}: {scales} upsampling split into {int(np.prod(match.scales))} "
+                    f"phase convolutions ({before / 1e9:.3f} -> {after / 1e9:.3f} GFLOP)"
+                )
+                break
+        else:
+            break
+    return graph, notes
+
+
+def _match(graph: Graph, node: Node, readers: dict[str, int]) -> _Match | None:
+    """The upsampled input of a stride-1 convolution with constant weights, if there is one."""
+    if node.prim is not Prim.CONV or node.inputs[1] not in graph.constants:
+        return None
+    a = node.a
+    nd = graph.types[node.inputs[1]].rank - 2
+    if set(a["strides"]) != {1} or set(a["dilations"]) != {1}:
+        return None
+    producers = graph.producers()
+
+    def private(v: str) -> bool:
+        return readers.get(v) == 1 and v not in graph.outputs
+
+    v, mode, pads = node.inputs[0], "constant", [(a["pads"][d], a["pads"][nd + d]) for d in range(nd)]
+    pad = producers.get(v)
+    if pad is not None and pad.prim is Prim.PAD and private(v):
+        rank, widths = nd + 2, pad.a["pads"]
+        if any(p for pair in pads for p in pair) or any(widths[d] or widths[rank + d] for d in (0, 1)):
+            return None  # padded twice, or padded along batch or channels
+        if pad.a["mode"] == "constant" and pad.a["value"] != 0:
+            return None
+        mode, pads = pad.a["mode"], [(widths[2 + d], widths[rank + 2 + d]) for d in range(nd)]
+        v = pad.inputs[0]
+    scales = [1] * nd
+    while (g := producers.get(v)) is not None and g.prim is Prim.GATHER and private(v):
+        d, idx = g.a["axis"] - 2, graph.constants.get(g.inputs[1])
+        extent = graph.types[g.inputs[0]].shape[g.a["axis"]] if d >= 0 else 0
+        if d < 0 or scales[d] != 1 or idx is None or idx.ndim != 1 or extent == 0 or len(idx) % extent:
+            break
+        s = len(idx) // extent
+        if s < 2 or not np.array_equal(idx, np.arange(len(idx)) // s):
+            break
+        scales[d] = s
+        v = g.inputs[0]
+    if all(s == 1 for s in scales):
+        return None
+    if mode == "reflect":  # narrower than s: the edge; along axes not upsampled: not expressible
+        if any(max(p) >= s or (s == 1 and any(p)) for s, p in zip(scales, pads)):
+            return None
+        mode = "edge"
+    out = graph.types[node.outputs[0]].shape[2:]
+    if any(o % s for o, s in zip(out, scales)):
+        return None
+    return _Match(v, tuple(scales), tuple(pads), mode)
+
+
+def _taps(s: int, k: int, pad: int, phase: int) -> tuple[int, np.ndarray]:
+    """(first input offset, A) for one axis and phase: tap t reads input offset
+    first + j where A[j, t] = 1."""
+    deltas = [(phase + t - pad) // s for t in range(k)]
+    first = min(deltas)
+    a = np.zeros((max(deltas) - first + 1, k))
+    a[[d - first for d in deltas], range(k)] = 1
+    return first, a
+
+
+def _flops(graph: Graph, node: Node, match: _Match) -> tuple[float, float]:
+    w = graph.types[node.inputs[1]].shape
+    per_output = graph.types[node.outputs[0]].numel * w[1] * 2
+    kernel = w[2:]
+    before = per_output * int(np.prod(kernel))
+    after = 0.0
+    for phases in itertools.product(*(range(s) for s in match.scales)):
+        axes = zip(match.scales, kernel, match.pads, phases)
+        sizes = [_taps(s, k, lo, ph)[1].shape[0] for s, k, (lo, _), ph in axes]
+        after += per_output / np.prod(match.scales) * np.prod(sizes)
+    return before, after
+
+
+def _apply(graph: Graph, i: int, match: _Match) -> Graph:
+    node = graph.nodes[i]
+    em = Emitter(graph, node.origin)
+    w = graph.constants[node.inputs[1]]
+    nd = w.ndim - 2
+    x_shape = graph.types[match.x].shape
+    out_shape = graph.types[node.outputs[0]].shape
+    low = [o // s for o, s in zip(out_shape[2:], match.scales)]  # outputs per phase
+
+    # pad the input once for every phase: offsets run from the first phase's first tap to the
+    # last phase's last one
+    lo, hi = [], []
+    for d, (s, k, (p, _)) in enumerate(zip(match.scales, w.shape[2:], match.pads)):
+        first = _taps(s, k, p, 0)[0]
+        last_first, last_a = _taps(s, k, p, s - 1)
+        lo.append(max(0, -first))
+        hi.append(max(0, low[d] - 1 + last_first + last_a.shape[0] - 1 - (x_shape[2 + d] - 1)))
+    xp = match.x
+    if any(lo) or any(hi):
+        xp = em.emit(Prim.PAD, [xp], pads=(0, 0, *lo, 0, 0, *hi), mode=match.mode, value=0.0)
+    padded = em.types[xp].shape
+
+    outputs: dict[tuple[int, ...], str] = {}
+    for phases in itertools.product(*(range(s) for s in match.scales)):
+        kernel = w.astype(np.float64)
+        starts, sizes = [0, 0], list(padded[:2])
+        for d, (s, k, (p, _), ph) in enumerate(zip(match.scales, w.shape[2:], match.pads, phases)):
+            first, a = _taps(s, k, p, ph)
+            kernel = np.moveaxis(np.tensordot(kernel, a, axes=([2 + d], [1])), -1, 2 + d)
+            starts.append(first + lo[d])
+            sizes.append(low[d] + a.shape[0] - 1)
+        window = em.emit(Prim.SLICE, [xp], starts=tuple(starts), steps=(1,) * len(starts), sizes=tuple(sizes))
+        y = em.emit(
+            Prim.CONV,
+            [window, em.const(kernel.astype(w.dtype))],
+            strides=(1,) * nd,
+            pads=(0,) * 2 * nd,
+            dilations=(1,) * nd,
+            group=node.a["group"],
+        )
+        split = [*out_shape[:2]] + [e for n in low for e in (n, 1)]
+        outputs[phases] = em.emit(Prim.RESHAPE, [y], shape=tuple(split))
+
+    def interleave(prefix: tuple[int, ...]) -> str:
+        """[N, C, o1, s1, o2, s2, ...] for the phases under `prefix`."""
+        d = len(prefix)
+        if d == nd:
+            return outputs[prefix]
+        parts = [interleave((*prefix, ph)) for ph in range(match.scales[d])]
+        return parts[0] if len(parts) == 1 else em.emit(Prim.CONCAT, parts, axis=3 + 2 * d)
+
+    return replace_node(graph, i, em, em.emit(Prim.RESHAPE, [interleave(())], shape=out_shape))
