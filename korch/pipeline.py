@@ -34,6 +34,7 @@ from korch.prims import Prim
 from korch.profile_db import ProfileDB
 from korch.profiler import SPREAD, ProfileOptions, profile
 from korch.rewrite import fold_linear_maps
+from korch.rewrite_narrow import widen_narrow_convs
 from korch.rewrite_upsample import split_upsampled_convs
 from korch.roofline import measure_ceilings
 from korch.solver import Choice, Solution, greedy, solve
@@ -57,15 +58,17 @@ class OptimizeOptions:
     ray_address: str | None = None
     measure: bool = True  # time each plan in place (meta["measured"]) and re-solve with those timings
     refine_rounds: int = 2  # re-solves with in-place timings (when measure is on)
-    rewrite: bool = True  # algebraic rewrites that save FLOPs (korch.rewrite, korch.rewrite_upsample)
+    rewrite: bool = True  # algebraic rewrites that save work (korch.rewrite*, pipeline.rewrite)
 
 
-def rewrite(graph: Graph) -> tuple[Graph, list[str]]:
-    """The graph with fewer FLOPs, the same function (up to float rounding), and one line per
-    rewrite: resize-convolutions split into phases, then mixing maps folded."""
+def rewrite(graph: Graph, device: str | None = None) -> tuple[Graph, list[str]]:
+    """The same function (up to float rounding) in less work, and one line per rewrite:
+    resize-convolutions split into phases and mixing maps folded (fewer FLOPs), then, given a
+    device, narrow convolutions widened where that was measured faster there."""
     graph, split = split_upsampled_convs(graph)
     graph, folded = fold_linear_maps(graph)
-    return graph, split + folded
+    graph, widened = widen_narrow_convs(graph, device) if device else (graph, [])
+    return graph, split + folded + widened
 
 
 def add_seeds(graph: Graph, found: CandidateSet) -> int:
@@ -163,7 +166,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     """Candidates, profiling, selection and the plan for an imported primitive graph (from ONNX or
     PyTorch; without a source ONNX model there is no whole-model seed and no ONNX Runtime oracle)."""
     started = time.perf_counter() if started is None else started
-    graph, rewrites = rewrite(fission.graph) if options.rewrite else (fission.graph, [])
+    graph, rewrites = rewrite(fission.graph, options.device) if options.rewrite else (fission.graph, [])
     found = enumerate_candidates(graph, CandidateOptions(max_size=options.max_size))
     seeds = add_seeds(graph, found) if options.seeds else 0
     specs = {}

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import korch
-from korch import check, reference
+from korch import check, reference, rewrite_narrow
 from korch.ir import GraphBuilder
 from korch.pipeline import OptimizeOptions, optimize, rewrite
 from korch.prims import Prim, TensorType
@@ -326,3 +326,38 @@ def test_no_phase_split_where_it_would_be_wrong_or_would_not_pay(kwargs):
     graph, notes = folded(result)
     assert not any("phase" in n for n in notes)
     assert len(conv_kernels(graph)) == 1
+
+
+def narrow_conv_graph(kernel, pads, size):
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    x = b.input("x", TensorType((2, 5, size, size + 2), "float32"))
+    w = b.const(f32(rng, 3, 5, kernel, kernel))
+    y = b.emit(Prim.CONV, [x, w], strides=(1, 1), pads=pads, dilations=(1, 1), group=1)[0]
+    return b.build([y], ["y"])
+
+
+@pytest.mark.parametrize(
+    "kernel, pads, size",
+    [(9, (4, 4, 4, 4), 12), (3, (0, 0, 0, 0), 10), (4, (1, 2, 2, 1), 10), (5, (2, 1, 2, 1), 8)],
+)
+def test_a_narrow_convolution_folded_into_channels_computes_the_same(kernel, pads, size, monkeypatch):
+    monkeypatch.setattr(rewrite_narrow, "_measure", lambda graph, node, device: (10.0, 5.0))
+    graph = narrow_conv_graph(kernel, pads, size)
+    rewritten, notes = rewrite_narrow.widen_narrow_convs(graph, "cpu")
+    assert len(notes) == 1
+    assert conv_kernels(rewritten) == [(kernel // 2 + 1,) * 2]
+    (conv,) = [n for n in rewritten.nodes if n.prim is Prim.CONV]
+    assert rewritten.types[conv.inputs[1]].shape[:2] == (12, 20)
+    inputs = check.random_inputs(graph, 0)
+    np.testing.assert_allclose(
+        reference.run(rewritten, inputs)["y"], reference.run(graph, inputs)["y"], rtol=1e-4, atol=1e-4
+    )
+
+
+def test_a_narrow_convolution_stays_unless_folding_was_measured_faster(monkeypatch):
+    graph = narrow_conv_graph(9, (4, 4, 4, 4), 12)
+    direct, folded = rewrite_narrow._measure(graph, graph.nodes[0], "cpu")  # the real timer
+    assert direct > 0 and folded > 0
+    monkeypatch.setattr(rewrite_narrow, "_measure", lambda graph, node, device: (10.0, 9.0))
+    assert rewrite_narrow.widen_narrow_convs(graph, "cpu") == (graph, [])
