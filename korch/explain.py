@@ -78,6 +78,7 @@ def report(plan: Plan, source: str = "") -> dict:
         "profiling": meta.get("profiling", {}),
         "ceilings": ceilings,
         "opaque_ops": meta.get("fission", {}).get("opaque_ops", []),
+        "rewrites": meta.get("rewrites", []),  # plans from before korch.rewrite have none
     }
 
 
@@ -145,6 +146,7 @@ def _header(r: dict) -> list[str]:
             f"candidates: {c.get('candidates')} ({c.get('unique_candidates')} unique, "
             f"{c.get('seeds', 0)} seeds) in {c.get('partitions')} partitions"
         )
+    lines += [f"rewrite: {line}" for line in r["rewrites"]]
     pruned = ", ".join(f"{k} {v}" for k, v in r["pruned"].items()) or "none"
     lines.append(f"pruned: {pruned}")
     lines.append(f"profiling: {profiling_text(r['profiling'])}")

@@ -82,6 +82,7 @@ def _summary(r: dict) -> str:
     ]
     if r["ceilings"]:
         rows.append(("ceilings", ceilings_text(r["ceilings"])))
+    rows += [("rewrite", escape(line)) for line in r["rewrites"]]
     body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="summary">{body}</table>'
 

@@ -33,9 +33,7 @@ from korch.plan import Plan, build_plan
 from korch.prims import Prim
 from korch.profile_db import ProfileDB
 from korch.profiler import SPREAD, ProfileOptions, profile
-from korch.rewrite import fold_linear_maps
-from korch.rewrite_narrow import widen_narrow_convs
-from korch.rewrite_upsample import split_upsampled_convs
+from korch.rewrite import rewrite
 from korch.roofline import measure_ceilings
 from korch.solver import Choice, Solution, greedy, solve
 
@@ -58,17 +56,7 @@ class OptimizeOptions:
     ray_address: str | None = None
     measure: bool = True  # time each plan in place (meta["measured"]) and re-solve with those timings
     refine_rounds: int = 2  # re-solves with in-place timings (when measure is on)
-    rewrite: bool = True  # algebraic rewrites that save work (korch.rewrite*, pipeline.rewrite)
-
-
-def rewrite(graph: Graph, device: str | None = None) -> tuple[Graph, list[str]]:
-    """The same function (up to float rounding) in less work, and one line per rewrite:
-    resize-convolutions split into phases and mixing maps folded (fewer FLOPs), then, given a
-    device, narrow convolutions widened where that was measured faster there."""
-    graph, split = split_upsampled_convs(graph)
-    graph, folded = fold_linear_maps(graph)
-    graph, widened = widen_narrow_convs(graph, device) if device else (graph, [])
-    return graph, split + folded + widened
+    rewrite: bool = True  # rewrites of the graph that save work (korch.rewrite)
 
 
 def add_seeds(graph: Graph, found: CandidateSet) -> int:

@@ -1,4 +1,4 @@
-"""Linear-map folding (korch.rewrite): the rewritten graph computes what ONNX Runtime computes on the
+"""The graph rewrites (korch.rewrite): the rewritten graph computes what ONNX Runtime computes on the
 source model (and what the numpy reference computes on the unrewritten graph), with fewer FLOPs."""
 
 import io
@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 import korch
-from korch import check, reference, rewrite_narrow
+from korch import check, explain, reference
 from korch.ir import GraphBuilder
-from korch.pipeline import OptimizeOptions, optimize, rewrite
+from korch.pipeline import OptimizeOptions, optimize
 from korch.prims import Prim, TensorType
-from korch.rewrite import fold_linear_maps
+from korch.rewrite import common, fold_linear_maps, narrow, rewrite, upsample
 
 
 def linear_flops(graph):
@@ -197,6 +197,8 @@ def test_optimize_folds_and_the_plan_matches_onnxruntime(tmp_path):
     )
     plan = optimize(path, options=OptimizeOptions(**fast))
     assert len(plan.meta["rewrites"]) == 1
+    report = explain.report(plan)  # korch explain lists what was rewritten
+    assert report["rewrites"] == plan.meta["rewrites"] and "rewrite: Conv" in explain.text(report)
     assert plan.verify() <= 1e-4
     assert not any(n.prim is Prim.CONV for n in plan.graph.nodes)
     unfolded = optimize(path, options=OptimizeOptions(rewrite=False, **fast))
@@ -286,7 +288,8 @@ class UpsampleConv(torch.nn.Module):
 
     def forward(self, x):
         up = F.interpolate(x, scale_factor=self.scale, mode=self.upsample)
-        y = up if self.mode == "zeros" else F.pad(up, (self.pad,) * 2 * (x.dim() - 2), mode=self.mode)
+        widths = self.pad if isinstance(self.pad, tuple) else (self.pad,) * 2 * (x.dim() - 2)
+        y = up if self.mode == "zeros" else F.pad(up, widths, mode=self.mode)
         out = self.conv(y)
         return (out, up.sum()) if self.tap else out
 
@@ -342,9 +345,9 @@ def narrow_conv_graph(kernel, pads, size):
     [(9, (4, 4, 4, 4), 12), (3, (0, 0, 0, 0), 10), (4, (1, 2, 2, 1), 10), (5, (2, 1, 2, 1), 8)],
 )
 def test_a_narrow_convolution_folded_into_channels_computes_the_same(kernel, pads, size, monkeypatch):
-    monkeypatch.setattr(rewrite_narrow, "_measure", lambda graph, node, device: (10.0, 5.0))
+    monkeypatch.setattr(narrow, "measure", lambda before, after, device: (10.0, 5.0))
     graph = narrow_conv_graph(kernel, pads, size)
-    rewritten, notes = rewrite_narrow.widen_narrow_convs(graph, "cpu")
+    rewritten, notes = narrow.widen_narrow_convs(graph, "cpu")
     assert len(notes) == 1
     assert conv_kernels(rewritten) == [(kernel // 2 + 1,) * 2]
     (conv,) = [n for n in rewritten.nodes if n.prim is Prim.CONV]
@@ -357,7 +360,58 @@ def test_a_narrow_convolution_folded_into_channels_computes_the_same(kernel, pad
 
 def test_a_narrow_convolution_stays_unless_folding_was_measured_faster(monkeypatch):
     graph = narrow_conv_graph(9, (4, 4, 4, 4), 12)
-    direct, folded = rewrite_narrow._measure(graph, graph.nodes[0], "cpu")  # the real timer
+    direct, folded = common.measure(graph, narrow._apply(graph, 0)[0], "cpu")  # the real timer
     assert direct > 0 and folded > 0
-    monkeypatch.setattr(rewrite_narrow, "_measure", lambda graph, node, device: (10.0, 9.0))
-    assert rewrite_narrow.widen_narrow_convs(graph, "cpu") == (graph, [])
+    monkeypatch.setattr(narrow, "measure", lambda before, after, device: (10.0, 9.0))
+    assert narrow.widen_narrow_convs(graph, "cpu") == (graph, [])
+
+
+def test_a_one_channel_convolution_is_folded_once(monkeypatch):
+    """Folded, it has 4 output channels and a 5x5 kernel: narrow again, but not folded again."""
+    monkeypatch.setattr(narrow, "measure", lambda before, after, device: (10.0, 5.0))
+    rng = np.random.default_rng(6)
+    b = GraphBuilder()
+    x = b.input("x", TensorType((1, 2, 16, 16), "float32"))
+    y = b.emit(
+        Prim.CONV,
+        [x, b.const(f32(rng, 1, 2, 9, 9))],
+        strides=(1, 1),
+        pads=(4,) * 4,
+        dilations=(1, 1),
+        group=1,
+    )
+    graph = b.build(y, ["y"])
+    rewritten, notes = same_values_measured(graph, monkeypatch)
+    assert len(notes) == 1
+
+
+def same_values_measured(graph, monkeypatch):
+    rewritten, notes = rewrite(graph, "cpu")
+    inputs = check.random_inputs(graph, 0)
+    np.testing.assert_allclose(
+        reference.run(rewritten, inputs)["y"], reference.run(graph, inputs)["y"], rtol=1e-4, atol=1e-4
+    )
+    return rewritten, notes
+
+
+def test_a_split_is_kept_only_where_it_was_measured_faster(monkeypatch):
+    result = fission_of(UpsampleConv(), torch.randn(1, 6, 5, 4))
+    monkeypatch.setattr(upsample, "measure", lambda before, after, device: (10.0, 9.0))
+    assert rewrite(result.graph, "cpu")[1] == []
+    monkeypatch.setattr(upsample, "measure", lambda before, after, device: (10.0, 5.0))
+    graph, notes = rewrite(result.graph, "cpu")
+    assert len(notes) == 1 and "10.00 -> 5.00 ms measured" in notes[0]
+    assert conv_kernels(graph) == [(2, 2)] * 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, shape, kernels",
+    [
+        (dict(mode="constant", kernel=2, pad=(0, 1, 0, 1)), (1, 6, 3, 4), [(1, 1), (1, 2), (2, 1), (2, 2)]),
+        (dict(mode="replicate", kernel=4, pad=(1, 2, 1, 2)), (2, 6, 4, 4), [(2, 2), (2, 3), (3, 2), (3, 3)]),
+    ],
+)
+def test_even_kernels_are_split_into_phases_too(kwargs, shape, kernels):
+    result = fission_of(UpsampleConv(**kwargs), torch.randn(*shape))
+    graph, notes = folded(result)
+    assert len(notes) == 1 and conv_kernels(graph) == kernels

@@ -8,8 +8,10 @@ pixel summed into one: a 3x3 convolution after a 2x upsampling becomes four 2x2 
 (4/9 of the FLOPs) whose outputs are interleaved. Padding of the upsampled image maps onto the
 input: zeros stay zeros, edge stays edge, and a reflection narrower than s is the edge.
 
-Candy's (Johnson et al.'s style transfer) two upsampling layers are the textbook case. A rewrite
-is applied only when it leaves less than GAIN of the convolution's FLOPs."""
+Candy's (Johnson et al.'s style transfer) two upsampling layers are the textbook case. A split is
+applied when it leaves less than GAIN of the convolution's FLOPs and, given a device, when
+PyTorch there runs it in less than FASTER of the time (libraries that already run 3x3
+convolutions by Winograd save much of the same work themselves)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,16 @@ import numpy as np
 
 from korch.ir import Graph, Node
 from korch.prims import Prim
-from korch.rewrite import GAIN, Emitter, replace_node
+from korch.rewrite.common import (
+    FASTER,
+    GAIN,
+    Emitter,
+    measure,
+    replace_node,
+    rewrite_all,
+    subgraph,
+    unit_conv,
+)
 
 
 @dataclass(frozen=True)
@@ -29,46 +40,51 @@ class _Match:
     scales: tuple[int, ...]  # per spatial axis (1: not upsampled)
     pads: tuple[tuple[int, int], ...]  # per spatial axis, on the upsampled image
     mode: str  # how the input is padded: "edge" or "constant" (zeros)
+    nodes: tuple[int, ...]  # the gathers and the pad between x and the convolution
 
 
-def split_upsampled_convs(graph: Graph) -> tuple[Graph, list[str]]:
+def split_upsampled_convs(graph: Graph, device: str | None = None) -> tuple[Graph, list[str]]:
     """The graph with every profitable resize-convolution split into phases; one line per split."""
-    notes: list[str] = []
-    for _ in range(len(graph.nodes)):
-        readers: dict[str, int] = {}
-        for n in graph.nodes:
-            for v in n.inputs:
-                readers[v] = readers.get(v, 0) + 1
-        for i, node in enumerate(graph.nodes):
-            match = _match(graph, node, readers)
-            if match is None:
-                continue
-            before, after = _flops(graph, node, match)
-            if after < GAIN * before:
-                graph = _apply(graph, i, match)
-                scales = "x".join(map(str, match.scales))
-                notes.append(
-                    f"{node.origin or 'conv'}: {scales} upsampling split into {int(np.prod(match.scales))} "
-                    f"phase convolutions ({before / 1e9:.3f} -> {after / 1e9:.3f} GFLOP)"
-                )
-                break
-        else:
-            break
-    return graph, notes
+    rejected: set[Node] = set()  # measured slower: not measured again after another split
+
+    def attempt(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
+        match = _match(graph, node) if node not in rejected else None
+        if match is None:
+            return None
+        before, after = _flops(graph, node, match)
+        if after >= GAIN * before:
+            return None
+        note = ""
+        if device is not None:
+            region = subgraph(graph, [*match.nodes, i])
+            ms = measure(
+                region, _apply(region, len(region.nodes) - 1, _match(region, region.nodes[-1])), device
+            )
+            if ms[1] >= FASTER * ms[0]:
+                rejected.add(node)
+                return None
+            note = f", {ms[0]:.2f} -> {ms[1]:.2f} ms measured"
+        scales = "x".join(map(str, match.scales))
+        return _apply(graph, i, match), (
+            f"{node.origin or 'conv'}: {scales} upsampling split into {int(np.prod(match.scales))} "
+            f"phase convolutions ({before / 1e9:.3f} -> {after / 1e9:.3f} GFLOP{note})"
+        )
+
+    return rewrite_all(graph, attempt)
 
 
-def _match(graph: Graph, node: Node, readers: dict[str, int]) -> _Match | None:
+def _match(graph: Graph, node: Node) -> _Match | None:
     """The upsampled input of a stride-1 convolution with constant weights, if there is one."""
-    if node.prim is not Prim.CONV or node.inputs[1] not in graph.constants:
+    if not unit_conv(graph, node):
         return None
     a = node.a
     nd = graph.types[node.inputs[1]].rank - 2
-    if set(a["strides"]) != {1} or set(a["dilations"]) != {1}:
-        return None
-    producers = graph.producers()
+    producers, readers = graph.producers(), graph.consumers()
+    index = {n.outputs[0]: i for i, n in enumerate(graph.nodes)}
+    chain: list[int] = []
 
     def private(v: str) -> bool:
-        return readers.get(v) == 1 and v not in graph.outputs
+        return len(readers.get(v, ())) == 1 and v not in graph.outputs
 
     v, mode, pads = node.inputs[0], "constant", [(a["pads"][d], a["pads"][nd + d]) for d in range(nd)]
     pad = producers.get(v)
@@ -79,6 +95,7 @@ def _match(graph: Graph, node: Node, readers: dict[str, int]) -> _Match | None:
         if pad.a["mode"] == "constant" and pad.a["value"] != 0:
             return None
         mode, pads = pad.a["mode"], [(widths[2 + d], widths[rank + 2 + d]) for d in range(nd)]
+        chain.append(index[v])
         v = pad.inputs[0]
     scales = [1] * nd
     while (g := producers.get(v)) is not None and g.prim is Prim.GATHER and private(v):
@@ -90,17 +107,18 @@ def _match(graph: Graph, node: Node, readers: dict[str, int]) -> _Match | None:
         if s < 2 or not np.array_equal(idx, np.arange(len(idx)) // s):
             break
         scales[d] = s
+        chain.append(index[v])
         v = g.inputs[0]
     if all(s == 1 for s in scales):
         return None
     if mode == "reflect":  # narrower than s: the edge; along axes not upsampled: not expressible
-        if any(max(p) >= s or (s == 1 and any(p)) for s, p in zip(scales, pads)):
+        if any(max(p) >= s for s, p in zip(scales, pads)):
             return None
         mode = "edge"
     out = graph.types[node.outputs[0]].shape[2:]
     if any(o % s for o, s in zip(out, scales)):
         return None
-    return _Match(v, tuple(scales), tuple(pads), mode)
+    return _Match(v, tuple(scales), tuple(pads), mode, tuple(chain))
 
 
 def _taps(s: int, k: int, pad: int, phase: int) -> tuple[int, np.ndarray]:
@@ -158,14 +176,7 @@ def _apply(graph: Graph, i: int, match: _Match) -> Graph:
             starts.append(first + lo[d])
             sizes.append(low[d] + a.shape[0] - 1)
         window = em.emit(Prim.SLICE, [xp], starts=tuple(starts), steps=(1,) * len(starts), sizes=tuple(sizes))
-        y = em.emit(
-            Prim.CONV,
-            [window, em.const(kernel.astype(w.dtype))],
-            strides=(1,) * nd,
-            pads=(0,) * 2 * nd,
-            dilations=(1,) * nd,
-            group=node.a["group"],
-        )
+        y = em.conv(window, kernel.astype(w.dtype), node.a["group"])
         split = [*out_shape[:2]] + [e for n in low for e in (n, 1)]
         outputs[phases] = em.emit(Prim.RESHAPE, [y], shape=tuple(split))
 

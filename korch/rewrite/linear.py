@@ -21,14 +21,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import numpy as np
 
-from korch.ir import Graph, Node, freeze_attr, prune, verify
-from korch.prims import FLOAT_DTYPES, Prim, TensorType
+from korch.ir import Graph, Node
+from korch.prims import FLOAT_DTYPES, Prim
+from korch.rewrite.common import GAIN, Emitter, replace_node, rewrite_all
 
-GAIN = 0.8  # a rewrite must leave less than this fraction of the FLOPs it replaces
 # region nodes that do arithmetic: resizing the mixed axis changes their work (layout nodes count 0)
 _ARITHMETIC = (Prim.ADD, Prim.SUB, Prim.MUL, Prim.NEG, Prim.REDUCE_SUM)
 
@@ -42,64 +41,31 @@ class _Option:
     emit: Callable[[Emitter], str]
 
 
-class Emitter:
-    """New nodes and constants beside an existing graph (fresh names never collide with it)."""
-
-    def __init__(self, graph: Graph, origin: str):
-        self.types = dict(graph.types)
-        self.constants = dict(graph.constants)
-        self.nodes: list[Node] = []
-        self.origin = origin
-        self._count = 0
-
-    def _fresh(self) -> str:
-        while True:
-            self._count += 1
-            name = f"lf{self._count}"
-            if name not in self.types:
-                return name
-
-    def const(self, array: np.ndarray) -> str:
-        name = self._fresh()
-        array = np.ascontiguousarray(array)
-        array.setflags(write=False)
-        self.constants[name] = array
-        self.types[name] = TensorType.of(array)
-        return name
-
-    def emit(self, prim: Prim, inputs, origin: str | None = None, **attrs) -> str:
-        frozen = tuple(sorted((k, freeze_attr(v)) for k, v in attrs.items()))
-        (out_type,) = prim.infer([self.types[v] for v in inputs], dict(frozen))
-        out = self._fresh()
-        self.types[out] = out_type
-        self.nodes.append(Node(prim, tuple(inputs), (out,), frozen, origin or self.origin))
-        return out
-
-
 def fold_linear_maps(graph: Graph) -> tuple[Graph, list[str]]:
     """The graph with every profitable mixing-map fold applied, and one line per fold."""
-    notes: list[str] = []
-    for _ in range(len(graph.nodes)):  # each fold removes a mixing map's FLOPs; bounded anyway
-        folder = _Folder(graph)
-        for i, node in enumerate(graph.nodes):
-            mix = folder.mixing(node)
-            if mix is None:
-                continue
-            x, pos, m = mix
-            before = graph.types[x].numel * m.shape[1] * 2
-            if before == 0:
-                continue
-            best = folder.hoist(x, pos, m, i)
-            if best.flops < GAIN * before:
-                graph = folder.apply(i, best)
-                notes.append(
-                    f"{node.origin or node.prim.value}: {m.shape[0]}->{m.shape[1]} mix folded, "
-                    f"saves {(before - best.flops) / 1e9:.3f} of its {before / 1e9:.3f} GFLOP"
-                )
-                break
-        else:
-            break
-    return graph, notes
+    analysis: list[_Folder] = []  # of the graph the driver is scanning
+
+    def attempt(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
+        if not analysis or analysis[0].g is not graph:
+            analysis[:] = [_Folder(graph)]
+        folder = analysis[0]
+        mix = folder.mixing(node)
+        if mix is None:
+            return None
+        x, pos, m = mix
+        before = graph.types[x].numel * m.shape[1] * 2
+        if before == 0:
+            return None
+        best = folder.hoist(x, pos, m, i)
+        if best.flops >= GAIN * before:
+            return None
+        note = (
+            f"{node.origin or node.prim.value}: {m.shape[0]}->{m.shape[1]} mix folded, "
+            f"saves {(before - best.flops) / 1e9:.3f} of its {before / 1e9:.3f} GFLOP"
+        )
+        return folder.apply(i, best), note
+
+    return rewrite_all(graph, attempt)
 
 
 class _Folder:
@@ -319,29 +285,6 @@ class _Folder:
         return replace_node(self.g, i, em, option.emit(em))
 
 
-def replace_node(graph: Graph, i: int, em: Emitter, y: str) -> Graph:
-    """The graph with em's nodes in place of node i, whose readers read em's value y instead
-    (verify checks that the types agree); nodes and constants left unread are dropped."""
-    old = graph.nodes[i].outputs[0]
-
-    def renamed(n: Node) -> Node:
-        return Node(n.prim, tuple(y if v == old else v for v in n.inputs), n.outputs, n.attrs, n.origin)
-
-    result = prune(
-        Graph(
-            inputs=graph.inputs,
-            outputs=tuple(y if v == old else v for v in graph.outputs),
-            output_names=graph.output_names,
-            types=MappingProxyType(em.types),
-            constants=MappingProxyType(em.constants),
-            nodes=(*graph.nodes[:i], *em.nodes, *map(renamed, graph.nodes[i + 1 :])),
-            name=graph.name,
-        )
-    )
-    verify(result)
-    return result
-
-
 def _uniform(c: np.ndarray, pos: int) -> np.ndarray | None:
     """c with extent 1 along pos, if it does not vary along pos."""
     first = c.take([0], axis=pos)
@@ -370,9 +313,7 @@ def _materialize(em: Emitter, e: str, pos: int, m: np.ndarray) -> str:
     m = m.astype(t.dtype)
     c_in, c_out = m.shape
     if pos == 1 and t.rank >= 3:
-        nd = t.rank - 2
-        w = em.const(m.T.reshape(c_out, c_in, *(1,) * nd))
-        return em.emit(Prim.CONV, [e, w], strides=(1,) * nd, pads=(0,) * 2 * nd, dilations=(1,) * nd, group=1)
+        return em.conv(e, m.T.reshape(c_out, c_in, *(1,) * (t.rank - 2)))
     if t.rank == 1:
         row = em.emit(Prim.RESHAPE, [e], shape=(1, c_in))
         return em.emit(Prim.RESHAPE, [em.emit(Prim.MATMUL, [row, em.const(m)])], shape=(c_out,))

@@ -1,0 +1,22 @@
+"""Rewrites of the primitive graph before candidates are enumerated: the same function (up to
+float rounding) in less work. Each is applied only where it pays: by FLOPs (folding, phase
+splits) and, given a device, by timing there (phase splits, narrow convolutions)."""
+
+from __future__ import annotations
+
+from korch.ir import Graph
+from korch.rewrite.linear import fold_linear_maps
+from korch.rewrite.narrow import widen_narrow_convs
+from korch.rewrite.upsample import split_upsampled_convs
+
+
+def rewrite(graph: Graph, device: str | None = None) -> tuple[Graph, list[str]]:
+    """The rewritten graph and one line per rewrite: resize-convolutions split into phases,
+    mixing maps folded, then (given a device) narrow convolutions widened."""
+    graph, split = split_upsampled_convs(graph, device)
+    graph, folded = fold_linear_maps(graph)
+    graph, widened = widen_narrow_convs(graph, device) if device else (graph, [])
+    return graph, split + folded + widened
+
+
+__all__ = ["fold_linear_maps", "rewrite", "split_upsampled_convs", "widen_narrow_convs"]

@@ -1,0 +1,146 @@
+"""What the rewrites share: emitting new nodes beside a graph, splicing them in, the driver that
+applies a rewrite until none is left, and timing a rewrite on its own nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from types import MappingProxyType
+
+import numpy as np
+
+from korch.ir import Graph, Node, freeze_attr, prune, verify
+from korch.prims import Prim, TensorType
+
+GAIN = 0.8  # a FLOP-saving rewrite must leave less than this fraction of the FLOPs it replaces
+FASTER = 0.8  # a measured rewrite must take less than this fraction of the time
+
+
+class Emitter:
+    """New nodes and constants beside an existing graph (fresh names never collide with it)."""
+
+    def __init__(self, graph: Graph, origin: str):
+        self.types = dict(graph.types)
+        self.constants = dict(graph.constants)
+        self.nodes: list[Node] = []
+        self.origin = origin
+        self._count = 0
+
+    def _fresh(self) -> str:
+        while True:
+            self._count += 1
+            name = f"rw{self._count}"
+            if name not in self.types:
+                return name
+
+    def const(self, array: np.ndarray) -> str:
+        name = self._fresh()
+        array = np.ascontiguousarray(array)
+        array.setflags(write=False)
+        self.constants[name] = array
+        self.types[name] = TensorType.of(array)
+        return name
+
+    def emit(self, prim: Prim, inputs, origin: str | None = None, **attrs) -> str:
+        frozen = tuple(sorted((k, freeze_attr(v)) for k, v in attrs.items()))
+        (out_type,) = prim.infer([self.types[v] for v in inputs], dict(frozen))
+        out = self._fresh()
+        self.types[out] = out_type
+        self.nodes.append(Node(prim, tuple(inputs), (out,), frozen, origin or self.origin))
+        return out
+
+    def conv(self, x: str, weight: np.ndarray, group: int = 1) -> str:
+        """An unpadded stride-1 convolution of x by a new constant weight."""
+        nd = weight.ndim - 2
+        w = self.const(weight)
+        return self.emit(
+            Prim.CONV, [x, w], strides=(1,) * nd, pads=(0,) * 2 * nd, dilations=(1,) * nd, group=group
+        )
+
+
+def unit_conv(graph: Graph, node: Node) -> bool:
+    """A stride-1, undilated convolution by constant weights."""
+    return (
+        node.prim is Prim.CONV
+        and node.inputs[1] in graph.constants
+        and set(node.a["strides"]) == {1}
+        and set(node.a["dilations"]) == {1}
+    )
+
+
+def replace_node(graph: Graph, i: int, em: Emitter, y: str) -> Graph:
+    """The graph with em's nodes in place of node i, whose readers read em's value y instead
+    (verify checks that the types agree); nodes and constants left unread are dropped."""
+    old = graph.nodes[i].outputs[0]
+
+    def renamed(n: Node) -> Node:
+        return Node(n.prim, tuple(y if v == old else v for v in n.inputs), n.outputs, n.attrs, n.origin)
+
+    result = prune(
+        Graph(
+            inputs=graph.inputs,
+            outputs=tuple(y if v == old else v for v in graph.outputs),
+            output_names=graph.output_names,
+            types=MappingProxyType(em.types),
+            constants=MappingProxyType(em.constants),
+            nodes=(*graph.nodes[:i], *em.nodes, *map(renamed, graph.nodes[i + 1 :])),
+            name=graph.name,
+        )
+    )
+    verify(result)
+    return result
+
+
+Attempt = Callable[[Graph, int, Node], "tuple[Graph, str] | None"]
+
+
+def rewrite_all(graph: Graph, attempt: Attempt) -> tuple[Graph, list[str]]:
+    """Apply `attempt` (the rewritten graph and a note, or None) to the first node it accepts,
+    then scan the new graph again, until it accepts none; the graph and the notes."""
+    notes: list[str] = []
+    for _ in range(len(graph.nodes) + 1):  # every rewrite removes work; bounded anyway
+        for i, node in enumerate(graph.nodes):
+            done = attempt(graph, i, node)
+            if done is not None:
+                graph, note = done
+                notes.append(note)
+                break
+        else:
+            break
+    return graph, notes
+
+
+def subgraph(graph: Graph, nodes: Iterable[int]) -> Graph:
+    """The given nodes (a chain whose last node's output is the result) as a graph of their own."""
+    picked = [graph.nodes[i] for i in sorted(nodes)]
+    made = {v for n in picked for v in n.outputs}
+    read = list(dict.fromkeys(v for n in picked for v in n.inputs))
+    inputs = tuple(v for v in read if v not in made and v not in graph.constants)
+    used = set(read) | made
+    return Graph(
+        inputs=inputs,
+        outputs=(picked[-1].outputs[0],),
+        output_names=("y",),
+        types=MappingProxyType({v: t for v, t in graph.types.items() if v in used}),
+        constants=MappingProxyType({v: c for v, c in graph.constants.items() if v in used}),
+        nodes=tuple(picked),
+        name=graph.name,
+    )
+
+
+def measure(before: Graph, after: Graph, device: str, rounds: int = 3) -> tuple[float, float]:
+    """Milliseconds of two graphs computing the same thing (run op by op in PyTorch: the
+    convolutions Inductor and the vendor backend call), each the fastest of interleaved rounds of
+    the profiler's timer."""
+    import torch
+
+    from korch.backends.torch_ops import graph_function
+    from korch.profiler import example_tensors, time_fn
+
+    inputs = example_tensors(before, device)
+    fns = [graph_function(g, device) for g in (before, after)]
+    best = [float("inf"), float("inf")]
+    with torch.no_grad():
+        for _ in range(rounds):
+            for k, fn in enumerate(fns):
+                best[k] = min(best[k], time_fn(fn, inputs, device, min_time=0.02)[0])
+    return best[0], best[1]
