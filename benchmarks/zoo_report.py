@@ -60,7 +60,7 @@ def table(runs: list[dict]) -> list[str]:
             f"{r['predicted_ms']:.3f} ({r['predicted_ms'] / korch:.2f}x)",
             *[f"{res[p]['median_ms']:.3f}" if p in res else "-" for p in peers],
             f"{r['bench']['speedup_vs_best_peer']:.2f}x",
-            f"{min_speedup(r):.2f}x",
+            f"{min_speedup(r):.2f}x" if min_speedup(r) else "-",
             f"{r['roofline']['floor_ms']:.3f}",
             _optimize_times(r),
             f"{r['max_rel_err']:.1e}",
@@ -81,10 +81,10 @@ def targets(runs: list[dict], device: str) -> list[str]:
         mem = [speed[m] for m in MEMORY_BOUND if m in speed]
         g = geomean(mem)
         if g is not None:
-            by_min = geomean([min_speedup(r) for r in runs if r["model"] in MEMORY_BOUND])
+            by_min = geomean([m for r in runs if r["model"] in MEMORY_BOUND if (m := min_speedup(r))])
             lines.append(
                 f"- geomean speedup on the memory-bound models ({len(mem)} measured): {g:.2f}x "
-                f"(target 1.2x: {'met' if g >= 1.2 else 'missed'}; by minima {by_min:.2f}x)"
+                f"(target 1.2x: {'met' if g >= 1.2 else 'missed'}; by minima {by_min or 0:.2f}x)"
             )
     else:
         tc = [

@@ -27,7 +27,7 @@ BLOB_REF = "blob_sha256"  # a large bytes attribute (a whole source model) store
 def _attr_to_json(value: Any, by_reference: Mapping[str, bytes]) -> Any:
     if isinstance(value, bytes):
         for digest, blob in by_reference.items():
-            if value is blob or value == blob:  # a comparison, not a hash of hundreds of MB
+            if value == blob:  # a comparison (identity first), not a hash of hundreds of MB
                 return {BLOB_REF: digest}
         return {"base64": base64.b64encode(value).decode()}
     if isinstance(value, tuple):

@@ -79,7 +79,8 @@ class Plan:
                 graph_doc["arrays"] = {v: keys[v] for v in big}
                 (tmp / "graph.json").write_text(json.dumps(graph_doc))
             model_bytes = self.model.SerializeToString() if self.model is not None else b""
-            source = {hashlib.sha256(model_bytes).hexdigest(): model_bytes} if model_bytes else {}
+            digest = hashlib.sha256(model_bytes).hexdigest() if model_bytes else ""
+            source = {digest: model_bytes} if model_bytes else {}  # what kernels refer to
             doc = {
                 "format": FORMAT,
                 "device": self.device,
@@ -93,7 +94,7 @@ class Plan:
             if model_bytes:
                 (tmp / "model.onnx").write_bytes(model_bytes)  # what onnx.save writes, serialized once
             (tmp / "plan.json").write_text(json.dumps(doc, indent=1))
-            write_manifest(tmp, {"model.onnx": next(iter(source))} if source else None)  # last
+            write_manifest(tmp, {"model.onnx": digest} if digest else None)  # last
             if directory.exists() and not directory.is_dir():
                 raise KorchError(f"{directory} exists and is not a directory; not overwriting it")
             if directory.exists():

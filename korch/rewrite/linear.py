@@ -26,7 +26,7 @@ import numpy as np
 
 from korch.ir import Graph, Node
 from korch.prims import FLOAT_DTYPES, Prim
-from korch.rewrite.common import GAIN, Emitter, replace_node, rewrite_all
+from korch.rewrite.common import GAIN, Emitter, replace_node, rewrite_all, unit_conv
 
 # region nodes that do arithmetic: resizing the mixed axis changes their work (layout nodes count 0)
 _ARITHMETIC = (Prim.ADD, Prim.SUB, Prim.MUL, Prim.NEG, Prim.REDUCE_SUM)
@@ -118,11 +118,9 @@ class _Folder:
         if node.prim is Prim.MATMUL and w.ndim == 2:
             return x, self.g.types[x].rank - 1, w
         if (
-            node.prim is Prim.CONV
+            unit_conv(self.g, node)
             and a["group"] == 1
             and all(k == 1 for k in w.shape[2:])
-            and set(a["strides"]) == {1}
-            and set(a["dilations"]) == {1}
             and not any(a["pads"])
         ):
             return x, 1, w.reshape(w.shape[:2]).T
@@ -312,7 +310,7 @@ def _materialize(em: Emitter, e: str, pos: int, m: np.ndarray) -> str:
     t = em.types[e]
     m = m.astype(t.dtype)
     c_in, c_out = m.shape
-    if pos == 1 and t.rank >= 3:
+    if pos == 1 and 3 <= t.rank <= 5:  # a 1-3d convolution
         return em.conv(e, m.T.reshape(c_out, c_in, *(1,) * (t.rank - 2)))
     if t.rank == 1:
         row = em.emit(Prim.RESHAPE, [e], shape=(1, c_in))

@@ -22,7 +22,7 @@ NARROW = 4  # at most this many output channels (folded: 16, an AVX-512 vector o
 BLOCK = 2  # output pixels folded per axis
 
 
-def widen_narrow_convs(graph: Graph, device: str = "cpu") -> tuple[Graph, list[str]]:
+def widen_narrow_convs(graph: Graph, device: str) -> tuple[Graph, list[str]]:
     """The graph with each narrow convolution folded where that was measured faster."""
     rejected: set[Node] = set()  # measured slower: not measured again after another fold
     folded: set[str] = set()  # weights this rewrite made (a 1-channel fold has 4: not again)
