@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from korch.errors import KorchError, error_line
+from korch.errors import KorchError
 from korch.graph_io import graph_to_json, load_graph_json
 from korch.ir import Graph
 from korch.kernel import KernelSpec
@@ -198,16 +198,12 @@ def _remove_dead_temporaries(directory: Path) -> None:
 
 
 def _load_model(data: bytes):
-    import onnx
-
     from korch.frontend.onnx_import import load_model
 
     try:
-        return load_model(onnx.load_from_string(data))
+        return load_model(data, "model.onnx")
     except KorchError as e:
         raise KorchError(f"corrupt plan: {e}") from None
-    except Exception as e:  # protobuf raises assorted types on random bytes
-        raise KorchError(f"corrupt plan: model.onnx is not a valid ONNX model ({error_line(e)})") from None
 
 
 def _load_graph(path: Path, arrays) -> Graph:

@@ -15,18 +15,12 @@ from korch.ir import GraphBuilder
 from korch.pipeline import OptimizeOptions, optimize
 from korch.prims import Prim, TensorType
 from korch.rewrite import common, fold_linear_maps, narrow, rewrite, upsample
+from korch.roofline import node_flops
 
 
 def linear_flops(graph):
     """FLOPs of the matmuls and convolutions (the work the rewrite is about)."""
-    total = 0
-    for n in graph.nodes:
-        if n.prim is Prim.MATMUL:
-            total += graph.types[n.outputs[0]].numel * graph.types[n.inputs[0]].shape[-1] * 2
-        elif n.prim is Prim.CONV:
-            w = graph.types[n.inputs[1]].shape
-            total += graph.types[n.outputs[0]].numel * int(np.prod(w[1:])) * 2
-    return total
+    return sum(node_flops(n, graph.types) for n in graph.nodes)
 
 
 def fission_of(module, *args):

@@ -39,20 +39,21 @@ class FissionResult:
         return sorted({op for op, _ in self.opaque})
 
 
-def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
-    """Read and validate an ONNX file; every failure is a one-line KorchError."""
+def load_model(source: str | os.PathLike | onnx.ModelProto | bytes, name: str = "") -> onnx.ModelProto:
+    """Read and validate an ONNX file, or serialized bytes (`name`: what to call them in
+    errors); every failure is a one-line KorchError."""
     if isinstance(source, onnx.ModelProto):
         model = source
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise KorchError(f"{path}: no such file")
+        label = (name or "the model") if isinstance(source, bytes) else Path(source)
+        if not isinstance(source, bytes) and not label.is_file():
+            raise KorchError(f"{label}: no such file")
         try:
-            model = onnx.load(str(path))
+            model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(label))
         except (DecodeError, ValueError, RuntimeError, OSError, UnicodeDecodeError) as e:
-            raise KorchError(f"{path}: not a valid ONNX model ({error_line(e)})") from None
+            raise KorchError(f"{label}: not a valid ONNX model ({error_line(e)})") from None
         except Exception as e:  # protobuf raises assorted types on random bytes
-            raise KorchError(f"{path}: not a valid ONNX model ({type(e).__name__})") from None
+            raise KorchError(f"{label}: not a valid ONNX model ({type(e).__name__})") from None
     if not model.HasField("graph") or not model.graph.node and not model.graph.output:
         raise KorchError("the file holds no ONNX graph")
     checked = skeleton(model)

@@ -32,6 +32,7 @@ from korch.rewrite.common import (
     subgraph,
     unit_conv,
 )
+from korch.roofline import node_flops
 
 
 @dataclass(frozen=True)
@@ -132,15 +133,14 @@ def _taps(s: int, k: int, pad: int, phase: int) -> tuple[int, np.ndarray]:
 
 
 def _flops(graph: Graph, node: Node, match: _Match) -> tuple[float, float]:
-    w = graph.types[node.inputs[1]].shape
-    per_output = graph.types[node.outputs[0]].numel * w[1] * 2
-    kernel = w[2:]
-    before = per_output * int(np.prod(kernel))
+    """The convolution's FLOPs, and those of its phase convolutions together."""
+    before = node_flops(node, graph.types)
+    kernel = graph.types[node.inputs[1]].shape[2:]
     after = 0.0
     for phases in itertools.product(*(range(s) for s in match.scales)):
         axes = zip(match.scales, kernel, match.pads, phases)
         sizes = [_taps(s, k, lo, ph)[1].shape[0] for s, k, (lo, _), ph in axes]
-        after += per_output / np.prod(match.scales) * np.prod(sizes)
+        after += before / np.prod(match.scales) * np.prod(sizes) / np.prod(kernel)
     return before, after
 
 
