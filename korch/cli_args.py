@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--rounds", type=_at_least(1), default=10, help="interleaved blocks per system")
     p.add_argument("--cache", help="profile database when optimizing a model")
-    p.add_argument("--time-budget", type=float, help="seconds of profiling when optimizing a model")
+    p.add_argument(
+        "--time-budget", type=_at_least(0.0, float), help="seconds of profiling when optimizing a model"
+    )
     p.add_argument("--shape", action="append", type=_parse_shape, metavar="NAME=D0xD1x...")
     _output_args(p)
 

@@ -244,6 +244,8 @@ def flag_cases(model: Path, plan: Path, work: Path) -> list[Case]:
         "verify-tolerance-negative": ("verify", p, "--tolerance", "-1"),
         "bench-vs-unknown": ("bench", p, "--vs", "tensorflow"),
         "bench-rounds-zero": ("bench", p, "--rounds", "0"),
+        "bench-time-budget-negative": ("bench", m, "--time-budget", "-1"),
+        "bench-time-budget-nan": ("bench", m, "--time-budget", "nan"),
         "zoo-unknown-model": ("zoo", "nosuchmodel", "--dir", str(work / "zoo")),
         "run-output-in-missing-dir": ("run", p, "--output", str(work / "no" / "such" / "out.npz")),
     }
