@@ -33,7 +33,7 @@ from korch.plan import Plan, build_plan
 from korch.prims import Prim
 from korch.profile_db import ProfileDB
 from korch.profiler import SPREAD, ProfileOptions, profile
-from korch.rewrite import rewrite
+from korch.rewrite import Timer, rewrite
 from korch.roofline import measure_ceilings
 from korch.solver import Choice, Solution, greedy, solve
 
@@ -154,18 +154,20 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     """Candidates, profiling, selection and the plan for an imported primitive graph (from ONNX or
     PyTorch; without a source ONNX model there is no whole-model seed and no ONNX Runtime oracle)."""
     started = time.perf_counter() if started is None else started
-    graph, rewrites = rewrite(fission.graph, options.device) if options.rewrite else (fission.graph, [])
-    found = enumerate_candidates(graph, CandidateOptions(max_size=options.max_size))
-    seeds = add_seeds(graph, found) if options.seeds else 0
-    specs = {}
-    original = original_model_seed(graph, fission.model) if options.seeds and fission.model else None
-    if original:
-        found.candidates.append(original[0])
-        specs[original[0].key] = original[1]
-        seeds += 1
     backends = get_backends(list(options.backends) if options.backends else None)
     db = ProfileDB(options.cache)
     try:
+        graph, rewrites = (
+            rewrite(fission.graph, Timer(options.device, db)) if options.rewrite else (fission.graph, [])
+        )
+        found = enumerate_candidates(graph, CandidateOptions(max_size=options.max_size))
+        seeds = add_seeds(graph, found) if options.seeds else 0
+        specs = {}
+        original = original_model_seed(graph, fission.model) if options.seeds and fission.model else None
+        if original:
+            found.candidates.append(original[0])
+            specs[original[0].key] = original[1]
+            seeds += 1
         profiles = profile(
             graph,
             found,

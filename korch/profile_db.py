@@ -31,6 +31,17 @@ CREATE TABLE IF NOT EXISTS profiles (
     PRIMARY KEY (key, backend, backend_version, device)
 )
 """
+REWRITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rewrite_timings (
+    key TEXT NOT NULL,
+    version TEXT NOT NULL,
+    device TEXT NOT NULL,
+    before_ms REAL NOT NULL,
+    after_ms REAL NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (key, version, device)
+)
+"""
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,7 @@ class ProfileDB:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute(SCHEMA)
+            self.conn.execute(REWRITE_SCHEMA)
         except sqlite3.DatabaseError as e:
             raise KorchError(f"{self.path}: not a usable profile database ({e})") from None
 
@@ -100,6 +112,22 @@ class ProfileDB:
                 json.dumps(spec),
                 time.time(),
             ),
+        )
+
+    def rewrite_timing(self, key: str, version: str, device: str) -> tuple[float, float] | None:
+        """(ms before, ms after) of a measured rewrite (korch.rewrite.common.Timer), if kept."""
+        row = self.conn.execute(
+            "SELECT before_ms, after_ms FROM rewrite_timings WHERE key=? AND version=? AND device=?",
+            (key, version, device),
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def store_rewrite_timing(
+        self, key: str, version: str, device: str, before_ms: float, after_ms: float
+    ) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO rewrite_timings VALUES (?,?,?,?,?,?)",
+            (key, version, device, before_ms, after_ms, time.time()),
         )
 
     def count(self) -> int:

@@ -2,6 +2,7 @@
 source model (and what the numpy reference computes on the unrewritten graph), with fewer FLOPs."""
 
 import io
+from contextlib import closing
 
 import numpy as np
 import onnx
@@ -14,8 +15,17 @@ from korch import check, explain, reference
 from korch.ir import GraphBuilder
 from korch.pipeline import OptimizeOptions, optimize
 from korch.prims import Prim, TensorType
-from korch.rewrite import common, fold_linear_maps, narrow, rewrite, upsample
+from korch.profile_db import ProfileDB
+from korch.rewrite import Timer, common, fold_linear_maps, narrow, rewrite
 from korch.roofline import node_flops
+
+
+def always_faster(before, after):
+    return 10.0, 5.0  # ms before and after a rewrite: well under FASTER
+
+
+def never_faster(before, after):
+    return 10.0, 9.0
 
 
 def linear_flops(graph):
@@ -325,8 +335,8 @@ def test_no_phase_split_where_it_would_be_wrong_or_would_not_pay(kwargs):
     assert len(conv_kernels(graph)) == 1
 
 
-def narrow_conv_graph(kernel, pads, size):
-    rng = np.random.default_rng(5)
+def narrow_conv_graph(kernel, pads, size, seed=5):
+    rng = np.random.default_rng(seed)
     b = GraphBuilder()
     x = b.input("x", TensorType((2, 5, size, size + 2), "float32"))
     w = b.const(f32(rng, 3, 5, kernel, kernel))
@@ -338,10 +348,9 @@ def narrow_conv_graph(kernel, pads, size):
     "kernel, pads, size",
     [(9, (4, 4, 4, 4), 12), (3, (0, 0, 0, 0), 10), (4, (1, 2, 2, 1), 10), (5, (2, 1, 2, 1), 8)],
 )
-def test_a_narrow_convolution_folded_into_channels_computes_the_same(kernel, pads, size, monkeypatch):
-    monkeypatch.setattr(narrow, "measure", lambda before, after, device: (10.0, 5.0))
+def test_a_narrow_convolution_folded_into_channels_computes_the_same(kernel, pads, size):
     graph = narrow_conv_graph(kernel, pads, size)
-    rewritten, notes = narrow.widen_narrow_convs(graph, "cpu")
+    rewritten, notes = narrow.widen_narrow_convs(graph, always_faster)
     assert len(notes) == 1
     assert conv_kernels(rewritten) == [(kernel // 2 + 1,) * 2]
     (conv,) = [n for n in rewritten.nodes if n.prim is Prim.CONV]
@@ -352,20 +361,42 @@ def test_a_narrow_convolution_folded_into_channels_computes_the_same(kernel, pad
     )
 
 
-def test_a_narrow_convolution_stays_unless_folding_was_measured_faster(monkeypatch):
+def test_a_narrow_convolution_stays_unless_folding_was_measured_faster():
     graph = narrow_conv_graph(9, (4, 4, 4, 4), 12)
-    measured, notes = narrow.widen_narrow_convs(graph, "cpu")  # the real timer: either way, same values
+    measured, notes = narrow.widen_narrow_convs(graph, Timer("cpu"))  # real timings: either way, same values
     assert (measured == graph) == (notes == [])
     inputs = check.random_inputs(graph, 0)
     want = reference.run(graph, inputs)["y"]
     np.testing.assert_allclose(reference.run(measured, inputs)["y"], want, rtol=1e-4, atol=1e-4)
-    monkeypatch.setattr(narrow, "measure", lambda before, after, device: (10.0, 9.0))
-    assert narrow.widen_narrow_convs(graph, "cpu") == (graph, [])
+    assert narrow.widen_narrow_convs(graph, never_faster) == (graph, [])
 
 
-def test_a_one_channel_convolution_is_folded_once(monkeypatch):
+def test_a_measured_decision_is_kept_in_the_profile_database(tmp_path, monkeypatch):
+    """A later optimize on the same device decides the same without timing again; a timing that
+    failed is not kept; another structure is timed anew."""
+    timed = []
+
+    def fake_measure(before, after, device):
+        timed.append(len(before.nodes))
+        return (10.0, 5.0) if len(timed) == 1 else (1.0, float("inf"))
+
+    monkeypatch.setattr(common, "measure", fake_measure)
+    graph = narrow_conv_graph(9, (4, 4, 4, 4), 12)
+    path = tmp_path / "profiles.sqlite"
+    with closing(ProfileDB(path)) as db:
+        first = narrow.widen_narrow_convs(graph, Timer("cpu", db))
+    assert len(first[1]) == 1 and len(timed) == 1
+    with closing(ProfileDB(path)) as db:  # a later run, other weights of the same shape
+        again = narrow.widen_narrow_convs(narrow_conv_graph(9, (4, 4, 4, 4), 12, seed=9), Timer("cpu", db))
+        assert len(timed) == 1 and again[1] == first[1]
+        other = narrow_conv_graph(9, (4, 4, 4, 4), 16)
+        assert narrow.widen_narrow_convs(other, Timer("cpu", db)) == (other, [])  # timing failed
+        assert narrow.widen_narrow_convs(other, Timer("cpu", db)) == (other, [])
+    assert len(timed) == 3
+
+
+def test_a_one_channel_convolution_is_folded_once():
     """Folded, it has 4 output channels and a 5x5 kernel: narrow again, but not folded again."""
-    monkeypatch.setattr(narrow, "measure", lambda before, after, device: (10.0, 5.0))
     rng = np.random.default_rng(6)
     b = GraphBuilder()
     x = b.input("x", TensorType((1, 2, 16, 16), "float32"))
@@ -378,12 +409,12 @@ def test_a_one_channel_convolution_is_folded_once(monkeypatch):
         group=1,
     )
     graph = b.build(y, ["y"])
-    rewritten, notes = same_values_measured(graph)
+    rewritten, notes = same_values_measured(graph, always_faster)
     assert len(notes) == 1
 
 
-def same_values_measured(graph):
-    rewritten, notes = rewrite(graph, "cpu")
+def same_values_measured(graph, timer):
+    rewritten, notes = rewrite(graph, timer)
     inputs = check.random_inputs(graph, 0)
     np.testing.assert_allclose(
         reference.run(rewritten, inputs)["y"], reference.run(graph, inputs)["y"], rtol=1e-4, atol=1e-4
@@ -391,12 +422,10 @@ def same_values_measured(graph):
     return rewritten, notes
 
 
-def test_a_split_is_kept_only_where_it_was_measured_faster(monkeypatch):
+def test_a_split_is_kept_only_where_it_was_measured_faster():
     result = fission_of(UpsampleConv(), torch.randn(1, 6, 5, 4))
-    monkeypatch.setattr(upsample, "measure", lambda before, after, device: (10.0, 9.0))
-    assert rewrite(result.graph, "cpu")[1] == []
-    monkeypatch.setattr(upsample, "measure", lambda before, after, device: (10.0, 5.0))
-    graph, notes = rewrite(result.graph, "cpu")
+    assert rewrite(result.graph, never_faster)[1] == []
+    graph, notes = rewrite(result.graph, always_faster)
     assert len(notes) == 1 and "10.00 -> 5.00 ms measured" in notes[0]
     assert conv_kernels(graph) == [(2, 2)] * 4
 
@@ -418,4 +447,4 @@ def test_even_kernels_are_split_into_phases_too(kwargs, shape, kernels):
 def test_a_rewrite_that_cannot_be_timed_is_never_faster():
     graph = narrow_conv_graph(9, (4, 4, 4, 4), 12)
     assert common.measure(graph, narrow._apply(graph, 0)[0], "cuda") == (1.0, float("inf"))
-    assert narrow.widen_narrow_convs(graph, "cuda") == (graph, [])
+    assert narrow.widen_narrow_convs(graph, Timer("cuda")) == (graph, [])

@@ -16,14 +16,15 @@ import numpy as np
 
 from korch.ir import Graph, Node
 from korch.prims import Prim
-from korch.rewrite.common import FASTER, Emitter, measure, replace_node, rewrite_all, subgraph, unit_conv
+from korch.rewrite.common import FASTER, Emitter, Timing, replace_node, rewrite_all, subgraph, unit_conv
 
 NARROW = 4  # at most this many output channels (folded: 16, an AVX-512 vector of fp32)
 BLOCK = 2  # output pixels folded per axis
 
 
-def widen_narrow_convs(graph: Graph, device: str) -> tuple[Graph, list[str]]:
-    """The graph with each narrow convolution folded where that was measured faster."""
+def widen_narrow_convs(graph: Graph, timer: Timing) -> tuple[Graph, list[str]]:
+    """The graph with each narrow convolution folded where `timer` (common.Timer on the target
+    device) measured that faster."""
     rejected: set[Node] = set()  # measured slower: not measured again after another fold
     folded: set[str] = set()  # weights this rewrite made (a 1-channel fold has 4: not again)
 
@@ -31,7 +32,7 @@ def widen_narrow_convs(graph: Graph, device: str) -> tuple[Graph, list[str]]:
         if node in rejected or not _narrow(graph, node) or node.inputs[1] in folded:
             return None
         region = subgraph(graph, [i])
-        direct_ms, folded_ms = measure(region, _apply(region, 0)[0], device)
+        direct_ms, folded_ms = timer(region, _apply(region, 0)[0])
         if folded_ms >= FASTER * direct_ms:
             rejected.add(node)
             return None

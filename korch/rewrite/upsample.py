@@ -9,7 +9,7 @@ pixel summed into one: a 3x3 convolution after a 2x upsampling becomes four 2x2 
 input: zeros stay zeros, edge stays edge, and a reflection narrower than s is the edge.
 
 Candy's (Johnson et al.'s style transfer) two upsampling layers are the textbook case. A split is
-applied when it leaves less than GAIN of the convolution's FLOPs and, given a device, when
+applied when it leaves less than GAIN of the convolution's FLOPs and, given a timer, when
 PyTorch there runs it in less than FASTER of the time (libraries that already run 3x3
 convolutions by Winograd save much of the same work themselves)."""
 
@@ -26,7 +26,7 @@ from korch.rewrite.common import (
     FASTER,
     GAIN,
     Emitter,
-    measure,
+    Timing,
     replace_node,
     rewrite_all,
     subgraph,
@@ -44,8 +44,9 @@ class _Match:
     nodes: tuple[int, ...]  # the gathers and the pad between x and the convolution
 
 
-def split_upsampled_convs(graph: Graph, device: str | None = None) -> tuple[Graph, list[str]]:
-    """The graph with every profitable resize-convolution split into phases; one line per split."""
+def split_upsampled_convs(graph: Graph, timer: Timing | None = None) -> tuple[Graph, list[str]]:
+    """The graph with every profitable resize-convolution split into phases (by FLOPs and, given
+    a timer (common.Timer on the target device), by time); one line per split."""
     rejected: set[Node] = set()  # measured slower: not measured again after another split
 
     def attempt(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
@@ -56,11 +57,9 @@ def split_upsampled_convs(graph: Graph, device: str | None = None) -> tuple[Grap
         if after >= GAIN * before:
             return None
         note = ""
-        if device is not None:
+        if timer is not None:
             region = subgraph(graph, [*match.nodes, i])
-            ms = measure(
-                region, _apply(region, len(region.nodes) - 1, _match(region, region.nodes[-1])), device
-            )
+            ms = timer(region, _apply(region, len(region.nodes) - 1, _match(region, region.nodes[-1])))
             if ms[1] >= FASTER * ms[0]:
                 rejected.add(node)
                 return None
