@@ -58,9 +58,16 @@ def one_node_model(op_type, inputs, attrs=None, opset=17, n_outputs=1, out_dtype
         [helper.make_tensor_value_info(o, to_onnx_dtype(d), None) for o, d in zip(outs, out_dtypes)],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return onnx_model(graph, opset), feeds
+
+
+def onnx_model(graph, opset=17, extra_opsets=()):
+    """helper.make_model, stamped with an IR version every supported ONNX Runtime reads (onnx
+    stamps its own newest, which an older onnxruntime refuses: onnx 1.23 with onnxruntime 1.30)."""
+    opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra_opsets)]
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = min(model.ir_version, 10)
-    return model, feeds
+    return model
 
 
 def check_model(model, feeds, tol=1e-4, allow_opaque=False):

@@ -1,5 +1,8 @@
 """Every backend against the reference executor on small kernels, on CPU."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -120,6 +123,16 @@ def test_backend_matches_reference(case, backend):
     outs = compiled.fn(*[to_tensor(x) for x in inputs])
     assert check_kernel(outs, want, spec.graph) is None
     assert compiled.kernels >= 1
+
+
+def test_float32_stays_ieee_float32_where_korch_runs():
+    """cuDNN's default TF32 convolutions (on by default in torch) would miss the 1e-4 checks on a
+    GPU, and peers timed beside korch would run other arithmetic; a fresh process, so no test
+    before this one decides."""
+    probe = "import korch.bench, torch\nprint(torch.backends.cudnn.allow_tf32)\n"
+    probe += "print(torch.backends.cuda.matmul.allow_tf32)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
 
 
 def test_vendor_takes_linear_with_bias_only():

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from helpers import Const, one_node_model, rand
+from helpers import Const, one_node_model, onnx_model, rand
 from onnx import helper
 
 from korch import cli
@@ -103,7 +103,7 @@ def _symbolic_model(tmp_path):
         [helper.make_tensor_value_info("y", 1, ["batch", 4])],
     )
     path = tmp_path / "sym.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(onnx_model(graph), path)
     return path
 
 
@@ -142,9 +142,7 @@ def test_unknown_custom_op_names_node_op_and_opset(tmp_path):
         [helper.make_tensor_value_info("x", 1, [2])],
         [helper.make_tensor_value_info("y", 1, [2])],
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
-    )
+    model = onnx_model(graph, 17, [("com.example", 1)])
     path = tmp_path / "custom.onnx"
     onnx.save(model, path)
     code, out, err = run_cli("fission", path)
@@ -170,7 +168,7 @@ def test_dangling_input(tmp_path):
         [helper.make_tensor_value_info("y", 1, [2])],
     )
     path = tmp_path / "dangling.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(onnx_model(graph), path)
     assert_one_line_error(*run_cli("fission", path))
 
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers import onnx_model
 from onnx import TensorProto, helper, numpy_helper
 
 from korch import cli, explain
@@ -227,7 +228,7 @@ def _stacked_blocks(blocks: int):
         nodes, "blocks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 32])],
         [helper.make_tensor_value_info(x, TensorProto.FLOAT, [16, 32])], inits,
     )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx_model(graph)
 
 
 @needs_chromium

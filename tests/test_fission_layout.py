@@ -3,7 +3,7 @@
 import numpy as np
 import onnx
 import pytest
-from helpers import Const, check_model, check_op, rand
+from helpers import Const, check_model, check_op, onnx_model, rand
 from onnx import helper
 
 import korch
@@ -225,7 +225,7 @@ def _shape_model(opset=15):
         [helper.make_tensor_value_info("out", 1, None)],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return onnx_model(graph, opset)
 
 
 def test_shape_arithmetic_folds_away():
@@ -251,7 +251,7 @@ def test_constant_node_variants():
         [helper.make_tensor_value_info("x", 1, [2, 3])],
         [helper.make_tensor_value_info("out", 1, None)],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = onnx_model(graph, 13)
     check_model(model, {"x": rand(2, 3)})
 
 

@@ -4,7 +4,7 @@ from types import MappingProxyType
 
 import numpy as np
 import pytest
-from helpers import Const, one_node_model, rand
+from helpers import Const, one_node_model, onnx_model, rand
 
 import korch
 from korch import reference
@@ -145,7 +145,7 @@ def test_text_form_golden_softmax():
         [helper.make_tensor_value_info("out0", 1, [2, 5])],
         [onnx.numpy_helper.from_array(np.array(1.0, "float32"), "one")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = onnx_model(graph, 13)
     text = korch.fission(model).graph.text()
     assert text == GOLDEN_SOFTMAX, text
 

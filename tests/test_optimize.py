@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from helpers import onnx_model
 from onnx import helper
 
 import korch
@@ -197,7 +198,7 @@ def test_graph_output_that_is_an_input(tmp_path):
         [helper.make_tensor_value_info("x", 1, [2, 3])],
         [helper.make_tensor_value_info("y", 1, [2, 3]), helper.make_tensor_value_info("x", 1, [2, 3])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = onnx_model(graph)
     onnx.checker.check_model(model)
     plan = optimize(model, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
     x = np.arange(6, dtype="float32").reshape(2, 3) - 3

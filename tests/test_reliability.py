@@ -18,6 +18,7 @@ import onnx
 import pytest
 from badinput import good_model
 from faulty_backends import HangBackend, RaiseBackend, SegfaultBackend, WrongBackend
+from helpers import onnx_model
 
 import korch
 import korch.pipeline as optimize_module
@@ -134,9 +135,7 @@ def test_faulty_backends_are_excluded_and_the_plan_verifies(tmp_path, monkeypatc
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])
     relu = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
-    onnx.save(
-        onnx.helper.make_model(relu, opset_imports=[onnx.helper.make_opsetid("", 17)]), tmp_path / "m.onnx"
-    )
+    onnx.save(onnx_model(relu), tmp_path / "m.onnx")
     faulty = [SegfaultBackend(), HangBackend(), WrongBackend(), RaiseBackend()]
     monkeypatch.setattr(optimize_module, "get_backends", lambda names: faulty + get_backends(names))
     quick = dataclasses.replace  # a hang costs one compile timeout, not five minutes

@@ -13,6 +13,15 @@ import torch
 
 from korch.kernel import KernelSpec
 
+# korch computes float32 as IEEE float32 on every device. cuDNN's default on Ampere and later is
+# TF32 convolutions (10-bit mantissas: relative errors near 1e-3), which would fail korch's 1e-4
+# checks against ONNX Runtime and the reference. Set process-wide on import (every process that
+# compiles, times or runs kernels imports this module), so peers timed beside korch (`korch bench`)
+# run the same arithmetic. The legacy switches, because mixing them with the new fp32_precision
+# API makes torch raise; matmuls are IEEE by default, set anyway in case a user enabled TF32.
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
+
 
 @dataclass
 class CompiledKernel:
