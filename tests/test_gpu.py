@@ -1,15 +1,17 @@
 """The CUDA paths (Inductor's Triton kernels, cuBLAS/cuDNN through torch, the runtime, bench peers
 with CUDA graphs): marked `gpu`, skipped where no CUDA device is present."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
 from test_backends import CASES, _whole_graph_spec
 from test_bench import FAST, Attention
 
-from korch.backends import get_backends
+from korch.backends import get_backends, hold_device, timing_events
 from korch.bench import bench
-from korch.pipeline import OptimizeOptions, optimize
+from korch.pipeline import OptimizeOptions, measure_in_place, optimize
 from korch.profiler import check_kernel, time_fn
 
 pytestmark = [
@@ -57,3 +59,39 @@ def test_cuda_plan_verifies_and_runs_beside_cuda_graph_peers(tmp_path):
     report = bench(plan, ("eager", "torch-compile", "torch-compile-cudagraphs"), rounds=2, module=module)
     for peer in ("eager", "torch-compile", "torch-compile-cudagraphs"):
         assert report["results"][peer]["max_rel_err"] <= 1e-3
+
+
+def test_the_held_stream_spins_about_as_long_as_asked():
+    hold_device("cuda", 1.0)  # calibrates
+    start, end = timing_events()
+    start.record()
+    hold_device("cuda", 5.0)
+    end.record()
+    end.synchronize()
+    assert 3.0 < start.elapsed_time(end) < 10.0
+
+
+def test_device_timings_leave_out_the_hosts_launch_overhead():
+    """3 ms on the host before one tiny kernel: the profiler counts the device's microseconds, as
+    a plan replayed from a CUDA graph pays them (the host's time would be 3 ms)."""
+    x = torch.randn(1024, device="cuda")
+
+    def slow_host(t):
+        time.sleep(0.003)
+        return [t + 1]
+
+    median, low, high, n = time_fn(slow_host, [x], "cuda", min_time=0.01)
+    assert 0 < low <= median < 1.0 and n >= 5
+
+
+def test_a_cuda_plan_is_timed_in_place_kernel_by_kernel(tmp_path):
+    torch.manual_seed(0)
+    path = tmp_path / "attn.onnx"
+    torch.onnx.export(Attention().eval(), (torch.randn(2, 8, 16),), str(path), dynamo=False, opset_version=17)
+    options = OptimizeOptions(device="cuda", cache=tmp_path / "p.sqlite", **{**FAST, "backends": None})
+    plan = optimize(path, options=options)
+    measured = measure_in_place(plan)
+    steps = measured["kernels_ms"]
+    # the device's time of each kernel: together no more than the replayed graph's wall clock
+    assert len(steps) == len(plan.kernels) and all(ms > 0 for ms in steps)
+    assert sum(steps) <= 1.5 * measured["ms"]

@@ -84,6 +84,38 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+_CYCLES_PER_MS: dict[str, float] = {}
+
+
+def hold_device(device: str, ms: float) -> None:
+    """On CUDA, queue a kernel that spins for about `ms` milliseconds. Work the host queues
+    meanwhile then runs back to back, so timing events around it measure the device's time
+    without the host's launch overhead, which a plan replayed as one CUDA graph does not pay
+    either (Inductor's Python wrapper alone costs tens of microseconds per call, more than many
+    fused kernels take). A no-op on CPU, and where torch lacks its spin kernel."""
+    spin = getattr(torch.cuda, "_sleep", None)
+    if not device.startswith("cuda") or spin is None:
+        return
+    if device not in _CYCLES_PER_MS:
+        # a spin counts clock cycles: the rate is measured after a spin that lifts an idle GPU's
+        # clock, the highest of three, so a hold lasts at least as long as asked at that clock
+        spin(10**7)
+        rates = []
+        for _ in range(3):
+            start, end = timing_events()
+            start.record()
+            spin(2 * 10**6)
+            end.record()
+            end.synchronize()
+            rates.append(2 * 10**6 / max(start.elapsed_time(end), 1e-3))
+        _CYCLES_PER_MS[device] = max(rates)
+    spin(int(min(ms, 200.0) * _CYCLES_PER_MS[device]))
+
+
+def timing_events(n: int = 2) -> list[torch.cuda.Event]:
+    return [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+
+
 def device_name(device: str) -> str:
     """A stable description of the device, part of every profile's key."""
     if device.startswith("cuda"):
