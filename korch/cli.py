@@ -240,16 +240,21 @@ def cmd_bench(args) -> int:
     check_peers(peers)  # before any optimizing
     target = Path(args.target)
     if target.is_dir():
+        given = [flag for flag, dest in _MODEL_ONLY_BENCH_FLAGS.items() if getattr(args, dest) is not None]
+        if given:
+            raise KorchError(f"{', '.join(given)}: only for a model to optimize; {target} is a plan")
         plan = _load_plan(target, args)
+        if args.device is not None and args.device != plan.device:
+            raise KorchError(f"{target} was optimized for {plan.device}, not {args.device}: optimize again")
     else:
         from korch.pipeline import OptimizeOptions, optimize
 
-        _check_device(args.device)
+        _check_device(args.device or "cpu")
         plan = optimize(
             target,
             shapes=dict(args.shape or []),
             options=OptimizeOptions(
-                device=args.device,
+                device=args.device or "cpu",
                 cache=_cache_path(args),
                 progress=not args.quiet,
                 time_budget=args.time_budget,
@@ -268,6 +273,10 @@ def cmd_bench(args) -> int:
         )
     _emit(args, report, "\n".join(lines))
     return 0
+
+
+# korch bench's flags that only apply when it optimizes a model
+_MODEL_ONLY_BENCH_FLAGS = {"--time-budget": "time_budget", "--shape": "shape", "--cache": "cache"}
 
 
 def cmd_explain(args) -> int:

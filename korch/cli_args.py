@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated peers: onnxruntime, eager, torch-compile, torch-compile-max-autotune, "
         "torch-compile-cudagraphs (torch peers need a model built by `korch zoo`)",
     )
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", help="cpu (default) or cuda, when optimizing a model (a plan has its own)")
     p.add_argument("--rounds", type=_at_least(1), default=10, help="interleaved blocks per system")
     p.add_argument("--cache", help="profile database when optimizing a model")
     p.add_argument(

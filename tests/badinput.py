@@ -246,6 +246,9 @@ def flag_cases(model: Path, plan: Path, work: Path) -> list[Case]:
         "bench-rounds-zero": ("bench", p, "--rounds", "0"),
         "bench-time-budget-negative": ("bench", m, "--time-budget", "-1"),
         "bench-time-budget-nan": ("bench", m, "--time-budget", "nan"),
+        "bench-plan-other-device": ("bench", p, "--device", "cuda"),
+        "bench-plan-time-budget": ("bench", p, "--time-budget", "5"),
+        "bench-plan-shape": ("bench", p, "--shape", "x=2x4"),
         "zoo-unknown-model": ("zoo", "nosuchmodel", "--dir", str(work / "zoo")),
         "run-output-in-missing-dir": ("run", p, "--output", str(work / "no" / "such" / "out.npz")),
     }
