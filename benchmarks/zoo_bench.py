@@ -87,6 +87,14 @@ def run_model(name: str, args, ceilings: dict) -> dict:
         warm_s = time.perf_counter() - start
         hits = again.meta["profiling"]
     err = plan.verify()
+    measured = plan.meta.get("measured") or {}
+    # in the log before the peers compile: a run cut short by a time limit still says this much
+    print(
+        f"{name}: optimized in {cold_s:.1f} s, {len(plan.kernels)} kernels, predicted "
+        f"{plan.predicted_ms:.3f} ms, in place {measured.get('ms', float('nan')):.3f} ms, "
+        f"verify max rel err {err:.1e}",
+        flush=True,
+    )
     peers = tuple(p for p in args.peers.split(",") if p)
     report = bench(plan, peers, rounds=args.rounds)
     meta = plan.meta

@@ -244,7 +244,7 @@ def cmd_bench(args) -> int:
         if given:
             raise KorchError(f"{', '.join(given)}: only for a model to optimize; {target} is a plan")
         plan = _load_plan(target, args)
-        if args.device is not None and args.device != plan.device:
+        if args.device is not None and _device_key(args.device) != _device_key(plan.device):
             raise KorchError(f"{target} was optimized for {plan.device}, not {args.device}: optimize again")
     else:
         from korch.pipeline import OptimizeOptions, optimize
@@ -273,6 +273,11 @@ def cmd_bench(args) -> int:
         )
     _emit(args, report, "\n".join(lines))
     return 0
+
+
+def _device_key(device: str) -> str:
+    """cuda and cuda:0 are the same device."""
+    return "cuda:0" if device == "cuda" else device
 
 
 # korch bench's flags that only apply when it optimizes a model

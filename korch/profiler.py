@@ -122,6 +122,7 @@ def time_fn(
     synchronize(device)
     start = time.perf_counter()
     fn(*inputs)
+    queued_ms = (time.perf_counter() - start) * 1e3  # the host's part (on CPU, all of it)
     synchronize(device)
     single = max(time.perf_counter() - start, 1e-7)
     cuda = device.startswith("cuda")
@@ -140,7 +141,7 @@ def time_fn(
             _flush_cache(device)
             synchronize(device)
             if cuda:
-                samples.append(_device_ms(fn, inputs, device, 2e3 * single + 0.5))
+                samples.append(_device_ms(fn, inputs, device, 2 * queued_ms + 0.2))
                 continue
             t0 = time.perf_counter()
             for _ in range(batch):
@@ -153,12 +154,13 @@ def time_fn(
 def _device_ms(fn, inputs, device: str, hold_ms: float) -> float:
     """One call's milliseconds on the CUDA device, the host's launch overhead hidden behind a held
     stream (backends.hold_device): what the call costs inside a plan replayed as a CUDA graph."""
-    start, end = timing_events()
-    hold_device(device, hold_ms)
-    start.record()
-    fn(*inputs)
-    end.record()
-    end.synchronize()
+    with torch.cuda.device(device):  # events and the hold go to the current device's stream
+        start, end = timing_events()
+        hold_device(device, hold_ms)
+        start.record()
+        fn(*inputs)
+        end.record()
+        end.synchronize()
     return start.elapsed_time(end)
 
 

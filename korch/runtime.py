@@ -98,12 +98,13 @@ class Executable:
         in the replay (the profiler's isolated timings are taken the same way)."""
         device = self.plan.device
         cuda = device.startswith("cuda")
-        if cuda:  # a warm-up that also says how long the host takes to queue the plan
+        if cuda:  # warm-up (lazy initialisation, autotuning), then how long the host takes to queue the plan
+            self._run(feeds)
             synchronize(device)
             begin = time.perf_counter()
             self._run(feeds)
+            hold_ms = 2e3 * (time.perf_counter() - begin) + 0.2
             synchronize(device)
-            hold_ms = 2e3 * (time.perf_counter() - begin) + 0.5
         totals, per_run = [], []
         for i in range(repeats + 1):  # the first run warms up
             if i > 1 and spread_s > 0:
@@ -133,9 +134,10 @@ class Executable:
             events.append(timing_events(1)[0])
             events[-1].record()
 
-        hold_device(self.plan.device, hold_ms)
-        self._run(feeds, mark)
-        events[-1].synchronize()
+        with torch.cuda.device(self.plan.device):  # events and the hold on the plan's device
+            hold_device(self.plan.device, hold_ms)
+            self._run(feeds, mark)
+            events[-1].synchronize()
         return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
 
     def feeds(self, inputs, named) -> dict[str, torch.Tensor]:

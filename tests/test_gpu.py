@@ -39,15 +39,22 @@ def test_cuda_backend_matches_reference(case, backend):
     assert 0 < low <= median <= high and n >= 5
 
 
-def test_cuda_plan_verifies_and_runs_beside_cuda_graph_peers(tmp_path):
+@pytest.fixture(scope="module")
+def attention_plan(tmp_path_factory):
+    """The Attention block optimized for CUDA once (every backend), and its module."""
+    tmp = tmp_path_factory.mktemp("cuda")
     torch.manual_seed(0)
     module = Attention().eval()
-    path = tmp_path / "attn.onnx"
+    path = tmp / "attn.onnx"
     torch.onnx.export(
         module, (torch.randn(2, 8, 16),), str(path), dynamo=False, opset_version=17, input_names=["x"]
     )
-    options = OptimizeOptions(device="cuda", cache=tmp_path / "p.sqlite", **{**FAST, "backends": None})
-    plan = optimize(path, options=options)
+    options = OptimizeOptions(device="cuda", cache=tmp / "p.sqlite", **{**FAST, "backends": None})
+    return optimize(path, options=options), module
+
+
+def test_cuda_plan_verifies_and_runs_beside_cuda_graph_peers(attention_plan):
+    plan, module = attention_plan
     assert plan.verify() <= 1e-4
     # Inductor (Triton) and vendor kernels replay as one CUDA graph; outputs are copied out
     x1, x2 = torch.randn(2, 8, 16), torch.randn(2, 8, 16)
@@ -84,14 +91,11 @@ def test_device_timings_leave_out_the_hosts_launch_overhead():
     assert 0 < low <= median < 1.0 and n >= 5
 
 
-def test_a_cuda_plan_is_timed_in_place_kernel_by_kernel(tmp_path):
-    torch.manual_seed(0)
-    path = tmp_path / "attn.onnx"
-    torch.onnx.export(Attention().eval(), (torch.randn(2, 8, 16),), str(path), dynamo=False, opset_version=17)
-    options = OptimizeOptions(device="cuda", cache=tmp_path / "p.sqlite", **{**FAST, "backends": None})
-    plan = optimize(path, options=options)
+def test_a_cuda_plan_is_timed_in_place_kernel_by_kernel(attention_plan):
+    plan, _ = attention_plan
     measured = measure_in_place(plan)
     steps = measured["kernels_ms"]
-    # the device's time of each kernel: together no more than the replayed graph's wall clock
-    assert len(steps) == len(plan.kernels) and all(ms > 0 for ms in steps)
+    # the device's time of each kernel (0 for one that launches nothing, a view): together no
+    # more than the replayed graph's wall clock
+    assert len(steps) == len(plan.kernels) and all(ms >= 0 for ms in steps)
     assert sum(steps) <= 1.5 * measured["ms"]

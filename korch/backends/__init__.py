@@ -81,7 +81,7 @@ def get_backends(names: list[str] | None = None) -> list[Backend]:
 def synchronize(device: str) -> None:
     """Wait for the device's queued work (a no-op on CPU): every timer calls this around a call."""
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
 _CYCLES_PER_MS: dict[str, float] = {}
@@ -92,7 +92,8 @@ def hold_device(device: str, ms: float) -> None:
     meanwhile then runs back to back, so timing events around it measure the device's time
     without the host's launch overhead, which a plan replayed as one CUDA graph does not pay
     either (Inductor's Python wrapper alone costs tens of microseconds per call, more than many
-    fused kernels take). A no-op on CPU, and where torch lacks its spin kernel."""
+    fused kernels take). Call it with `device` current (torch.cuda.device). A no-op on CPU, and
+    where torch lacks its spin kernel."""
     spin = getattr(torch.cuda, "_sleep", None)
     if not device.startswith("cuda") or spin is None:
         return

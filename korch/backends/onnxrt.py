@@ -248,6 +248,9 @@ class OnnxRuntimeBackend(Backend):
         def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
             outs = [torch.empty(t.shape, dtype=DTYPES[t.dtype], device=device) for t in out_types]
             alive = [x.contiguous() for x in inputs]  # the buffers must outlive the run
+            # ONNX Runtime runs on a stream of its own (and returns when it is done): the inputs
+            # torch's stream is still computing must be finished first
+            torch.cuda.current_stream(device).synchronize()
             for name, x in zip(in_names, alive):
                 binding.bind_input(name, kind, index, np.dtype(_np(x)), tuple(x.shape), x.data_ptr())
             for name, y, t in zip(out_names, outs, out_types):

@@ -59,9 +59,12 @@ class VendorBackend(Backend):
         g = spec.graph
         position = {v: i for i, v in enumerate(g.inputs)}
         a = lin.a
+        # on the device once: a copy from host memory in every call would wait for the device's
+        # queue and cannot be captured in a CUDA graph
+        constants = {v: to_tensor(c, device) for v, c in g.constants.items()}
 
         def fetch(v, inputs):
-            return inputs[position[v]] if v in position else to_tensor(g.constants[v], device)
+            return inputs[position[v]] if v in position else constants[v]
 
         def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
             x, w = fetch(lin.inputs[0], inputs), fetch(lin.inputs[1], inputs)
