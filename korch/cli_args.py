@@ -94,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("-o", "--output", required=True, metavar="PLAN_DIR", help="where to write the plan")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--backends", help="comma-separated backends (default: inductor,vendor,onnxruntime)")
+    p.add_argument(
+        "--backends",
+        help="comma-separated backends: inductor, vendor, eager, onnxruntime (default: inductor,vendor,"
+        "onnxruntime on CPU; inductor,vendor,eager,onnxruntime on CUDA)",
+    )
     p.add_argument(
         "--cache", help="profile database (default $KORCH_CACHE or ~/.cache/korch/profiles.sqlite)"
     )

@@ -154,7 +154,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     """Candidates, profiling, selection and the plan for an imported primitive graph (from ONNX or
     PyTorch; without a source ONNX model there is no whole-model seed and no ONNX Runtime oracle)."""
     started = time.perf_counter() if started is None else started
-    backends = get_backends(list(options.backends) if options.backends else None)
+    backends = get_backends(list(options.backends) if options.backends else None, options.device)
     db = ProfileDB(options.cache)
     try:
         graph, rewrites = (

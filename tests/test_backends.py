@@ -135,6 +135,44 @@ def test_float32_stays_ieee_float32_where_korch_runs():
     assert out.stdout.split() == ["False", "False"]
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_eager_runs_every_single_primitive_like_the_reference(case):
+    """Each primitive of the case's graph alone, on the activations the whole graph computes."""
+    (b,) = get_backends(["eager"])
+    op, inputs, attrs, opset = CASES[case]
+    out_dtypes = ["int64"] if op == "ArgMax" or case == "int_div" else ["float32"]
+    model, feeds = one_node_model(op, inputs, attrs, opset, out_dtypes=out_dtypes)
+    graph = korch.fission(model).graph
+    env = _all_values(graph, feeds)
+    for i in range(len(graph.nodes)):
+        spec = kernel_spec(graph, make_candidate(graph, [i]))
+        assert b.supports(spec, "cpu") is None
+        args = [env[v] for v in spec.inputs]
+        want = reference.run(spec.graph, dict(zip(spec.graph.inputs, args)))
+        outs = b.compile(spec, "cpu").fn(*[to_tensor(x) for x in args])
+        assert check_kernel(outs, want, spec.graph) is None, graph.nodes[i].prim
+        assert all(o.is_contiguous() for o in outs)
+
+
+def _all_values(graph, feeds):
+    """Every value of the graph: constants, inputs and each node's outputs (numpy reference)."""
+    env = dict(graph.constants)
+    env.update(feeds)
+    for node in graph.nodes:
+        spec_inputs = [env[v] for v in node.inputs]
+        outs = node.prim.ref(spec_inputs, node.a)
+        env.update(zip(node.outputs, outs))
+    return env
+
+
+def test_eager_refuses_fusions_and_is_a_default_on_cuda_only():
+    spec, _, _ = _whole_graph_spec("softmax")
+    (eager,) = get_backends(["eager"])
+    assert "single primitives" in eager.supports(spec, "cpu")
+    assert "eager" not in [b.name for b in get_backends(None, "cpu")]
+    assert [b.name for b in get_backends(None, "cuda")] == ["inductor", "vendor", "eager", "onnxruntime"]
+
+
 def test_vendor_takes_linear_with_bias_only():
     spec, _, _ = _whole_graph_spec("conv_bias")
     assert VendorBackend().supports(spec, "cpu") is None

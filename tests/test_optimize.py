@@ -323,3 +323,13 @@ def test_in_place_runs_are_spread_over_time(model_path, tmp_path):
     median, fastest, steps = exe.time_steps(feeds, repeats=5, spread_s=0.4)
     assert time.perf_counter() - start >= 0.4
     assert 0 < fastest <= median and len(steps) == len(plan.kernels)
+
+
+def test_a_plan_of_eager_single_primitives_verifies(model_path, tmp_path):
+    """Eager alone (what covers every primitive first on CUDA): one kernel per primitive, and the
+    plan computes what ONNX Runtime computes on the source model."""
+    options = OptimizeOptions(cache=tmp_path / "p.sqlite", **{**FAST, "backends": ("eager",)}, seeds=False)
+    plan = optimize(model_path, options=options)
+    assert {k.backend for k in plan.kernels} == {"eager"}
+    assert all(len(k.nodes) == 1 for k in plan.kernels)
+    assert plan.verify() <= 1e-4

@@ -137,7 +137,7 @@ def test_faulty_backends_are_excluded_and_the_plan_verifies(tmp_path, monkeypatc
     relu = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
     onnx.save(onnx_model(relu), tmp_path / "m.onnx")
     faulty = [SegfaultBackend(), HangBackend(), WrongBackend(), RaiseBackend()]
-    monkeypatch.setattr(optimize_module, "get_backends", lambda names: faulty + get_backends(names))
+    monkeypatch.setattr(optimize_module, "get_backends", lambda *args: faulty + get_backends(*args))
     quick = dataclasses.replace  # a hang costs one compile timeout, not five minutes
     real_options = optimize_module.ProfileOptions
     monkeypatch.setattr(

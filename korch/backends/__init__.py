@@ -32,6 +32,7 @@ class CompiledKernel:
 class Backend:
     name = "?"
     selectable = True  # False for the reference: it checks the others but is never chosen
+    default_on: tuple[str, ...] = ("cpu", "cuda")  # device kinds where it is used unless named
 
     def version(self) -> str:
         raise NotImplementedError
@@ -56,22 +57,24 @@ def source_digest(*modules) -> str:
 
 
 def all_backends() -> dict[str, Backend]:
+    from korch.backends.eager import EagerBackend
     from korch.backends.inductor import InductorBackend
     from korch.backends.onnxrt import OnnxRuntimeBackend
     from korch.backends.reference import ReferenceBackend
     from korch.backends.vendor import VendorBackend
 
-    found = [InductorBackend(), VendorBackend(), OnnxRuntimeBackend(), ReferenceBackend()]
+    found = [InductorBackend(), VendorBackend(), EagerBackend(), OnnxRuntimeBackend(), ReferenceBackend()]
     return {b.name: b for b in found}
 
 
-def get_backends(names: list[str] | None = None) -> list[Backend]:
-    """The named backends (default: every selectable one)."""
+def get_backends(names: list[str] | None = None, device: str = "cpu") -> list[Backend]:
+    """The named backends (default: every selectable one used by default on the device's kind)."""
     from korch.errors import KorchError
 
     known = all_backends()
     if not names:
-        return [b for b in known.values() if b.selectable]
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        return [b for b in known.values() if b.selectable and kind in b.default_on]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise KorchError(f"unknown backends {unknown}; known: {', '.join(known)}")
