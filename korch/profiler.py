@@ -390,10 +390,12 @@ def _coverage(jobs: list[tuple[KernelSpec, Backend]], done: set[str]) -> list[tu
     return keep
 
 
-def _write_blobs(specs, directory: Path) -> dict[str, dict[str, tuple[str, bytes]]]:
-    """Each source model's bytes written once to a file: key -> {sha256: (path, bytes)}. Workers
-    load the file instead of receiving hundreds of megabytes through a pipe with every job."""
-    files: dict[str, dict[str, tuple[str, bytes]]] = {}
+def _write_blobs(specs, directory: Path) -> tuple[dict[str, dict[str, bytes]], dict[str, dict[str, str]]]:
+    """Each source model's bytes written once to a file: (key -> {sha256: bytes}, key -> {sha256:
+    path}). Workers load the file instead of receiving hundreds of megabytes through a pipe with
+    every job; the bytes let the job's graph refer to them by digest."""
+    data: dict[str, dict[str, bytes]] = {}
+    paths: dict[str, dict[str, str]] = {}
     for spec in specs:
         for node in spec.graph.nodes:
             for _, value in node.attrs:
@@ -402,8 +404,9 @@ def _write_blobs(specs, directory: Path) -> dict[str, dict[str, tuple[str, bytes
                     path = directory / f"{digest}.onnx"
                     if not path.exists():
                         path.write_bytes(value)
-                    files.setdefault(spec.key, {})[digest] = (str(path), value)
-    return files
+                    data.setdefault(spec.key, {})[digest] = value
+                    paths.setdefault(spec.key, {})[digest] = str(path)
+    return data, paths
 
 
 def _priority(job: tuple[KernelSpec, Backend]) -> tuple:
@@ -455,26 +458,25 @@ def profile(
     scratch = tempfile.TemporaryDirectory(prefix="korch-profile-")  # $TMPDIR: on disk, not in RAM
     try:
         values = _spill_activations(graph, needed, Path(scratch.name))
-        blob_files = _write_blobs(sources.values(), Path(scratch.name))
+        blob_data, blob_paths = _write_blobs(sources.values(), Path(scratch.name))
     except BaseException:
         scratch.cleanup()
         raise
 
     def make_job(spec: KernelSpec, backend: Backend, phase: str) -> dict:
         cls = type(backend)
-        blobs = blob_files.get(spec.key, {})
         job = {
             "key": spec.key,
             "backend": backend.name,
             "backend_class": f"{cls.__module__}:{cls.__qualname__}",
-            "spec": graph_to_json(spec.graph, {digest: blob for digest, (_, blob) in blobs.items()})[0],
+            "spec": graph_to_json(spec.graph, blob_data.get(spec.key, {}))[0],
             "device": options.device,
             "inputs": [values[v] for v in spec.inputs],
             "phase": phase,
             "min_time": options.min_time,
         }
         if spec.key in sources:  # the model travels as a file, its check against the primitive graph
-            job["blob_files"] = {digest: path for digest, (path, _) in blobs.items()}
+            job["blob_files"] = blob_paths.get(spec.key, {})
             job["want"] = {n: values[v] for n, v in zip(spec.graph.output_names, spec.outputs)}
             job["spread_s"] = options.min_time * SPREAD  # the plan that may win alone: timed carefully
             job["discrete_mismatch"] = SOURCE_DISCRETE_MISMATCH

@@ -258,7 +258,7 @@ def test_the_source_model_job_reads_its_file_and_is_checked_against_the_primitiv
 
     result = korch.fission(model_path)
     _, spec = original_model_seed(result.graph, result.model)
-    files = _write_blobs([spec], tmp_path)[spec.key]
+    data, paths = (by_key[spec.key] for by_key in _write_blobs([spec], tmp_path))
     values = _spill_activations(result.graph, set(spec.inputs) | set(spec.outputs), tmp_path)
     want = {n: values[v] for n, v in zip(spec.graph.output_names, spec.outputs)}
     expected = reference.run(result.graph, {v: _load(values[v]) for v in spec.inputs})
@@ -267,12 +267,12 @@ def test_the_source_model_job_reads_its_file_and_is_checked_against_the_primitiv
     job = {
         "key": spec.key,
         "backend_class": "korch.backends.onnxrt:OnnxRuntimeBackend",
-        "spec": graph_to_json(spec.graph, {digest: blob for digest, (_, blob) in files.items()})[0],
+        "spec": graph_to_json(spec.graph, data)[0],
         "device": "cpu",
         "inputs": [values[v] for v in spec.inputs],
         "phase": "time",
         "min_time": 0.002,
-        "blob_files": {digest: path for digest, (path, _) in files.items()},
+        "blob_files": paths,
         "want": want,
     }
     assert "base64" not in str(job["spec"])
