@@ -182,3 +182,92 @@ def test_dropout_is_identity_at_inference(opset):
         check_op("Dropout", [rand(3, 4)], {"ratio": 0.3}, opset=opset)
     else:
         check_op("Dropout", [rand(3, 4), Const(np.array(0.3, "float32"))], opset=opset)
+
+
+SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.5, -2.0, 3e38, -3e38, 1e-30], dtype="float32")
+
+
+@pytest.mark.parametrize("opset", [9, 13, 20])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_is_nan(opset, dtype):
+    with np.errstate(over="ignore"):  # float16 turns 3e38 into inf
+        x = np.concatenate([SPECIALS, rand(6)]).astype(dtype)
+    check_op("IsNaN", [x.reshape(4, 4)], opset=opset, out_dtypes=["bool"])
+
+
+@pytest.mark.parametrize("negative", [None, 0, 1])
+@pytest.mark.parametrize("positive", [None, 0, 1])
+@pytest.mark.parametrize("opset", [10, 20])
+def test_is_inf(negative, positive, opset):
+    attrs = {k: v for k, v in [("detect_negative", negative), ("detect_positive", positive)] if v is not None}
+    for dtype in ["float32", "float64"]:
+        x = np.concatenate([SPECIALS, rand(6)]).astype(dtype).reshape(2, 8)
+        check_op("IsInf", [x], attrs, opset=opset, out_dtypes=["bool"])
+    check_op("IsInf", [np.array(-np.inf, "float32")], attrs, opset=opset, out_dtypes=["bool"])
+
+
+@pytest.mark.parametrize("attrs", [{}, {"lambd": 1.5}, {"lambd": 1.5, "bias": 0.7}, {"bias": -0.3}])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int64", "int32", "int8", "uint8"])
+def test_shrink(attrs, dtype):
+    x = rand(4, 6) * 4 if dtype.startswith("float") else rand(4, 6, dtype="int64", low=-5, high=6)
+    x = np.concatenate([x.reshape(-1), [0.5, -0.5, 1.5, -1.5, 0]]).astype(dtype)
+    # ONNX Runtime computes in float32 (float64 too, where korch keeps float64): else bit for bit
+    check_op("Shrink", [x], attrs, opset=9, tol=1e-4 if dtype == "float64" else 0)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_bit_shift_uint8(direction):
+    x = np.arange(256, dtype="uint8").reshape(16, 16)
+    y = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 31, 32, 33, 64, 255], dtype="uint8")
+    check_op("BitShift", [x, y], {"direction": direction}, opset=11)
+    check_op("BitShift", [x, Const(np.array(3, "uint8"))], {"direction": direction}, opset=11)
+
+
+# each function's inputs: inside its domain, near the places formulas lose accuracy, and huge
+DOMAINS = {
+    "Tan": (-1.5, 1.5),
+    "Sinh": (-9.0, 9.0),
+    "Cosh": (-9.0, 9.0),
+    "Asinh": (-50.0, 50.0),
+    "Acosh": (1.0, 50.0),
+    "Atanh": (-0.999, 0.999),
+}
+EDGES = {
+    "Tan": [0.0, -0.0, 1e-6, -3e-3, 3.0, 100.0, np.nan, np.inf],
+    "Sinh": [0.0, 1e-6, -1e-3, 0.99, -1.01, 89.0, -89.0, 90.0, np.nan, np.inf, -np.inf],
+    "Cosh": [0.0, 1e-6, -1e-3, 89.0, -89.0, 90.0, np.nan, np.inf, -np.inf],
+    "Asinh": [0.0, 1e-6, -1e-3, 1e10, -3e38, np.nan, np.inf, -np.inf],
+    "Acosh": [1.0, 1.0 + 2e-7, 1.001, 1e10, 3e38, 0.5, -2.0, np.nan, np.inf],
+    "Atanh": [0.0, 1e-6, -1e-3, 0.9999999, -0.9999999, 1.0, -1.0, 1.5, np.nan],
+}
+
+
+@pytest.mark.parametrize("op", list(DOMAINS))
+@pytest.mark.parametrize("opset", [9, 22])
+def test_trig_and_hyperbolic(op, opset):
+    low, high = DOMAINS[op]
+    check_op(op, [rand(5, 7, low=low, high=high)], opset=opset)
+    check_op(op, [np.array(EDGES[op], dtype="float32")], opset=opset)
+    check_op(op, [rand(low=low, high=high)], opset=opset)
+
+
+@pytest.mark.parametrize("op", list(DOMAINS))
+def test_trig_and_hyperbolic_small_inputs_keep_relative_accuracy(op):
+    x = rand(50, low=-1e-5, high=1e-5)
+    if op == "Acosh":  # the float32 values just above 1
+        x = 1 + np.float32(2**-23) * np.arange(50, dtype="float32")
+    check_op(op, [x], opset=9, tol=1e-5)
+
+
+@pytest.mark.parametrize("op", list(DOMAINS))
+def test_trig_and_hyperbolic_float16(op):
+    low, high = DOMAINS[op]
+    x = rand(5, 7, low=low, high=min(high, 8.0)).astype("float16")
+    check_op(op, [x], opset=9, tol=1e-3)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"alpha": 1.0}, {"alpha": 0.5}, {"alpha": 1.702}])
+def test_swish(attrs):
+    check_op("Swish", [rand(4, 6) * 5], attrs, opset=24)
+    edges = np.array([-100, -20, 0, 20, 100, np.nan, np.inf, -np.inf], "float32")
+    check_op("Swish", [edges], attrs, opset=24)

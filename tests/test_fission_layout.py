@@ -261,3 +261,195 @@ def test_dynamic_reshape_target_is_refused():
     )
     with pytest.raises(korch.KorchError, match="known at compile time"):
         korch.fission(model)
+
+
+def _runtime_or_const(value, const):
+    return Const(value) if const else value
+
+
+def _prims(result):
+    return [n.prim for n in result.graph.nodes]
+
+
+def idx_in(shape, dim, dtype="int64", seed=0):
+    """Random indices in [-dim, dim): about half of them negative."""
+    return np.random.default_rng(seed).integers(-dim, dim, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("const", [False, True])
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize(
+    "axis,ishape", [(0, (5, 4, 2)), (1, (3, 6, 5)), (2, (2, 3, 7)), (-1, (3, 4, 1)), (-3, (1, 1, 1))]
+)
+def test_gather_elements(const, dtype, opset, axis, ishape):
+    shape = (3, 4, 5)
+    idx = idx_in(ishape, shape[axis], dtype, seed=len(ishape) + axis)
+    result = check_op("GatherElements", [rand(*shape), _runtime_or_const(idx, const)], {"axis": axis}, opset)
+    assert Prim.GATHER in _prims(result)
+
+
+@pytest.mark.parametrize("const", [False, True])
+def test_gather_elements_rank1_and_default_axis(const):
+    idx = np.array([3, -1, 0, -6, 5, 5, 2], dtype="int64")
+    check_op("GatherElements", [rand(6), _runtime_or_const(idx, const)], opset=13)
+    check_op("GatherElements", [rand(4, 3), _runtime_or_const(idx_in((6, 2), 4), const)], opset=13)
+
+
+def test_gather_elements_runtime_data_and_int_dtype():
+    data = rand(2, 3, 4, dtype="int32", high=100)
+    check_op("GatherElements", [data, idx_in((2, 3, 9), 4)], {"axis": 2}, opset=13)
+
+
+def test_gather_elements_shape_mismatch_is_refused():
+    model, _ = __import__("helpers").one_node_model(
+        "GatherElements", [rand(2, 3), idx_in((2, 4), 2)], {"axis": 0}, opset=13
+    )
+    with pytest.raises(korch.KorchError, match="do not fit"):
+        korch.fission(model)
+
+
+GATHER_ND = [
+    # (data shape, indices shape, batch_dims)
+    ((4, 5), (3, 2), 0),
+    ((4, 5), (3, 1), 0),
+    ((4, 5, 6), (2, 3, 2), 0),
+    ((4, 5, 6), (2, 3), 0),
+    ((4, 5, 6), (7, 1), 0),
+    ((4,), (2, 2, 1), 0),
+    ((2, 5, 6), (2, 1), 1),
+    ((2, 5, 6), (2, 3, 2), 1),
+    ((2, 3, 4, 5), (2, 3, 4, 1), 2),
+    ((2, 3, 4, 5), (2, 3, 2), 2),
+]
+
+
+@pytest.mark.parametrize("const", [False, True])
+@pytest.mark.parametrize("opset", [11, 12, 13])
+@pytest.mark.parametrize("shape,ishape,batch_dims", GATHER_ND)
+def test_gather_nd(const, opset, shape, ishape, batch_dims):
+    if batch_dims and opset < 12:
+        pytest.skip("batch_dims is new in opset 12")
+    m = ishape[-1]
+    dims = shape[batch_dims : batch_dims + m]
+    rng = np.random.default_rng(sum(ishape))
+    idx = np.stack([rng.integers(-d, d, ishape[:-1]) for d in dims], axis=-1).astype("int64")
+    attrs = {"batch_dims": batch_dims} if opset >= 12 else {}
+    check_op("GatherND", [rand(*shape), _runtime_or_const(idx, const)], attrs, opset)
+
+
+@pytest.mark.parametrize("const", [False, True])
+@pytest.mark.parametrize("opset", [9, 11])
+@pytest.mark.parametrize("axis", [-1, 0, 1, -2, 2, -3])
+def test_one_hot(const, opset, axis):
+    # out of range [-4, 4) on both sides: all off; negative in range: counts from depth
+    idx = np.array([[0, 3, -1, 5], [-4, -5, 2, 1]], dtype="int64")
+    if opset < 11 and const:  # ONNX shape inference rejects constant negatives before opset 11
+        idx = np.where(idx < 0, idx + 8, idx)  # (ONNX Runtime wraps runtime ones all the same)
+    values = np.array([-2.0, 5.0], dtype="float32")
+    check_op(
+        "OneHot",
+        [_runtime_or_const(idx, const), i64(4), Const(values)],
+        {"axis": axis},
+        opset,
+        out_dtypes=["float32"],
+    )
+
+
+@pytest.mark.parametrize(
+    "idx_dtype,depth_dtype,values_dtype",
+    [
+        ("int64", "int64", "int64"),
+        ("int32", "float32", "float32"),
+        ("float32", "int64", "int64"),
+        ("float32", "float32", "float32"),
+        ("int64", "float32", "int32"),
+    ],
+)
+def test_one_hot_dtypes(idx_dtype, depth_dtype, values_dtype):
+    idx = np.array([[1.7, -1.2, 0.0], [2.9, -3.0, 7.0]]).astype(idx_dtype)
+    values = Const(np.array([0, 1], dtype=values_dtype))  # 0/1 lowers to a cast
+    depth = Const(np.array([3], dtype=depth_dtype))
+    result = check_op("OneHot", [idx, depth, values], {"axis": 1}, 11, out_dtypes=[values_dtype])
+    assert _prims(result)[-1] is Prim.CAST
+
+
+@pytest.mark.parametrize("axis", [0, 2, -1])
+def test_one_hot_runtime_values(axis):
+    values = np.array([3.0, -1.0], dtype="float32")
+    idx = idx_in((2, 3, 4), 6)
+    check_op("OneHot", [idx, i64(5), values], {"axis": axis}, 11, out_dtypes=["float32"])
+
+
+def test_one_hot_dynamic_depth_is_refused():
+    model, _ = __import__("helpers").one_node_model(
+        "OneHot",
+        [np.array([1, 2], "int64"), np.array(3, "int64"), Const(np.array([0.0, 1.0], "float32"))],
+        opset=11,
+        out_dtypes=["float32"],
+    )
+    with pytest.raises(korch.KorchError, match="known at compile time"):
+        korch.fission(model)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (4, 3), (1, 5)])
+@pytest.mark.parametrize("k", [0, 1, -2, 9])
+@pytest.mark.parametrize("dtype", [None, "float32", "int64", "int32"])
+def test_eye_like(shape, k, dtype):
+    attrs = {"k": k} if k else {}
+    if dtype is not None:
+        attrs["dtype"] = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    x = rand(*shape, dtype="int32")
+    result = check_op("EyeLike", [x], attrs, opset=9, out_dtypes=[dtype or "int32"])
+    assert result.graph.nodes == ()  # a constant
+
+
+COMPRESS = [
+    # (condition, axis)
+    ([1, 0, 1, 1], 0),  # irregular: gather
+    ([0, 1, 0, 1, 0], 1),  # evenly spaced: slice
+    ([1, 1], 1),  # shorter than the axis
+    ([0, 1, 1, 0, 0, 0, 1], -1),  # longer than the axis: the rest is ignored
+    ([0, 0, 0], 2),  # nothing selected
+    ([1, 0, 0, 1, 1, 0, 1, 0, 1], None),  # flattened
+    ([0] * 10 + [1, 0, 1], None),
+]
+
+
+@pytest.mark.parametrize("opset", [9, 11])
+@pytest.mark.parametrize("cond,axis", COMPRESS)
+def test_compress(opset, cond, axis):
+    if opset < 11 and axis is not None and axis < 0:
+        pytest.skip("negative axes are new in opset 11")
+    attrs = {} if axis is None else {"axis": axis}
+    check_op("Compress", [rand(4, 5, 6), Const(np.array(cond, dtype=bool))], attrs, opset)
+
+
+def test_compress_slices_when_evenly_spaced():
+    result = check_op("Compress", [rand(4, 6), Const(np.array([0, 1, 0, 1, 0, 1], bool))], {"axis": 1}, 11)
+    assert _prims(result) == [Prim.SLICE]
+
+
+def test_compress_dynamic_condition_is_refused():
+    model, _ = __import__("helpers").one_node_model(
+        "Compress", [rand(4, 5), np.array([True, False, True, True])], {"axis": 0}, opset=11
+    )
+    with pytest.raises(korch.KorchError, match="known at compile time"):
+        korch.fission(model)
+
+
+@pytest.mark.parametrize("const", [False, True])
+@pytest.mark.parametrize("time_axis", [0, 1])
+@pytest.mark.parametrize("shape", [(5, 4), (5, 4, 3), (4, 5, 2, 3)])
+def test_reverse_sequence(const, time_axis, shape):
+    batch_axis = 1 - time_axis
+    time, batch = shape[time_axis], shape[batch_axis]
+    lens = np.array([time, 1, 3, 0, 2][:batch], dtype="int64")
+    attrs = {"time_axis": time_axis, "batch_axis": batch_axis}
+    check_op("ReverseSequence", [rand(*shape), _runtime_or_const(lens, const)], attrs, opset=10)
+
+
+def test_reverse_sequence_default_axes_and_identity():
+    check_op("ReverseSequence", [rand(4, 3, 2), i64(4, 2, 3)], opset=10)
+    result = check_op("ReverseSequence", [rand(4, 3), i64(1, 0, 1)], opset=10)
+    assert result.graph.nodes == ()

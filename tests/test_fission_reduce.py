@@ -2,7 +2,10 @@
 
 import numpy as np
 import pytest
-from helpers import Const, check_op, rand
+from helpers import Const, check_op, one_node_model, rand
+
+import korch
+from korch import check, reference
 
 REDUCE_OPS = [
     "ReduceSum",
@@ -170,3 +173,109 @@ def test_cumsum(axis, exclusive, reverse):
         {"reverse": reverse},
         opset=14,
     )
+
+
+@pytest.mark.parametrize("axes", [None, [1], [2, 3], [0, 1, 2, 3], [-1]])
+@pytest.mark.parametrize("opset", [9, 13])
+def test_mean_variance_norm(axes, opset):
+    attrs = {} if axes is None else {"axes": axes}
+    check_op("MeanVarianceNormalization", [rand(2, 3, 4, 5) * 2 + 1], attrs, opset=opset)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("axis", [0, 1, -1, None])
+@pytest.mark.parametrize("opset", [1, 22])
+def test_lp_norm(p, axis, opset):
+    attrs = {"p": p} if axis is None else {"p": p, "axis": axis}
+    check_op("LpNormalization", [rand(2, 3, 4) * 3], attrs, opset=opset)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_norm_zero_slice_gives_zeros(p):
+    x = rand(3, 4)
+    x[1] = 0.0
+    check_op("LpNormalization", [x], {"p": p, "axis": 1}, opset=13)
+
+
+@pytest.mark.parametrize("axis", [-1, -2, 0, None])
+@pytest.mark.parametrize("epsilon", [1e-5, 0.5])
+def test_rms_norm(axis, epsilon):
+    x = rand(2, 3, 8) * 3 + 1
+    attrs = {"epsilon": epsilon}
+    if axis is not None:
+        attrs["axis"] = axis
+    normalized = x.shape[axis if axis is not None else -1 :]
+    check_op("RMSNormalization", [x, Const(rand(*normalized, seed=1))], attrs, opset=23)
+
+
+def test_rms_norm_runtime_broadcast_scale():
+    check_op("RMSNormalization", [rand(2, 4, 6), rand(1, 6, seed=1)], {"axis": 1}, opset=23)
+
+
+@pytest.mark.parametrize("stash_type", [0, 1])
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_rms_norm_dtypes(stash_type, dtype):
+    x = (rand(2, 3, 8) * 3 + 1).astype(dtype)
+    scale = Const(rand(8, seed=1).astype(dtype))
+    check_op("RMSNormalization", [x, scale], {"stash_type": stash_type}, opset=23)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, None])
+@pytest.mark.parametrize("opset", [1, 11, 13])
+def test_hardmax(axis, opset):
+    attrs = {} if axis is None else {"axis": axis}
+    check_op("Hardmax", [rand(2, 3, 4)], attrs, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_hardmax_ties_pick_the_first(opset):
+    x = np.array([[[1, 3, 3, 2], [5, 5, 5, 5], [0, 0, 0, 0]], [[2, 1, 2, 1], [-1, 0, 0, -1], [7, 6, 7, 6]]])
+    check_op("Hardmax", [x.astype("float32")], {"axis": -1}, opset=opset)
+
+
+def test_hardmax_flattens_before_opset13():
+    # axis 1 of [2, 2, 3] before opset 13: one winner among all 6 values of each batch row; a tie
+    # across the flattened rows (index 1 and 3) goes to the first
+    x = np.array([[[0, 4, 1], [4, 2, 3]], [[1, 1, 0], [0, 0, 1]]], dtype="float32")
+    check_op("Hardmax", [x], {"axis": 1}, opset=11)
+
+
+def _lrn_spec(x, size, alpha, beta, bias):
+    """The ONNX spec's LRN formula in float64 (its window for even sizes is one wider after c)."""
+    channels = x.shape[1]
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    x64 = x.astype("float64")
+    square_sum = np.stack(
+        [(x64[:, max(0, c - before) : c + after + 1] ** 2).sum(axis=1) for c in range(channels)], axis=1
+    )
+    return (x64 / (bias + alpha / size * square_sum) ** beta).astype(x.dtype)
+
+
+LRN_ATTRS = {"alpha": 0.5, "beta": 0.75, "bias": 2.0}
+
+
+@pytest.mark.parametrize("size", [1, 3, 5, 9])
+@pytest.mark.parametrize("opset", [1, 13])
+def test_lrn(size, opset):
+    # ONNX Runtime (1.32) runs LRN on 4-D inputs with an odd size only
+    x = rand(2, 6, 3, 4) * 2
+    check_op("LRN", [x], {"size": size, **LRN_ATTRS}, opset=opset)
+    model, feeds = one_node_model("LRN", [x], {"size": size, **LRN_ATTRS}, opset)
+    want = check.onnxruntime_outputs(model, feeds)["out0"]
+    assert check.rel_err(_lrn_spec(x, size, **LRN_ATTRS), want) < 1e-5  # the spec oracle used below
+
+
+def test_lrn_default_attributes():
+    check_op("LRN", [rand(1, 7, 2, 3) * 20], {"size": 3}, opset=13)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("shape", [(2, 6, 3, 4), (2, 5, 7), (1, 4, 2, 2, 3)])
+def test_lrn_even_size_and_other_ranks_follow_the_spec(size, shape):
+    # ONNX Runtime refuses these, so the spec formula (checked against it above) is the reference
+    x = rand(*shape) * 2
+    model, feeds = one_node_model("LRN", [x], {"size": size, **LRN_ATTRS}, 13)
+    result = korch.fission(model)
+    assert not result.opaque
+    got = reference.run(result.graph, feeds)["out0"]
+    assert check.rel_err(got, _lrn_spec(x, size, **LRN_ATTRS)) < 1e-5

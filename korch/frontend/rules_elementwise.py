@@ -312,3 +312,154 @@ def mod(ctx: Lowering, n: OnnxNode) -> list[str]:
     )
     fix = ctx.elementwise(Prim.AND, nonzero, signs_differ)
     return [ctx.elementwise(Prim.WHERE, fix, ctx.elementwise(Prim.ADD, rem, b), rem)]
+
+
+# ------------------------------------------------- predicates, shrink, bit shifts
+
+
+@fission("IsNaN", 9, 13, 20)
+def is_nan(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    return [ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, x, x))]
+
+
+@fission("IsInf", 10, 20)
+def is_inf(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    negative, positive = n.attr("detect_negative", 1), n.attr("detect_positive", 1)
+    if negative and positive:
+        return [ctx.elementwise(Prim.EQ, ctx.unary(Prim.ABS, x), _s(ctx, x, math.inf))]
+    if negative or positive:
+        return [ctx.elementwise(Prim.EQ, x, _s(ctx, x, -math.inf if negative else math.inf))]
+    return [ctx.broadcast_to(ctx.scalar(False, "bool"), ctx.shape(x))]
+
+
+@fission("Shrink", 9)
+def shrink(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """x + bias below -lambd, x - bias above lambd, else 0. Like ONNX Runtime, other types than
+    float32/float64 compute in float32 (integers: truncated back)."""
+    x = n.inputs[0]
+    lambd, bias = n.attr("lambd", 0.5), n.attr("bias", 0.0)
+    dtype = ctx.dtype(x)
+    xf = x if dtype in ("float32", "float64") else ctx.cast(x, "float32")
+    below = ctx.elementwise(Prim.LT, xf, _s(ctx, xf, -lambd))
+    above = ctx.elementwise(Prim.GT, xf, _s(ctx, xf, lambd))
+    y = ctx.elementwise(Prim.WHERE, above, ctx.elementwise(Prim.SUB, xf, _s(ctx, xf, bias)), _s(ctx, xf, 0))
+    y = ctx.elementwise(Prim.WHERE, below, ctx.elementwise(Prim.ADD, xf, _s(ctx, xf, bias)), y)
+    return [ctx.cast(y, dtype)]
+
+
+@fission("BitShift", 11)
+def bit_shift(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """uint8 only (korch has no wider unsigned type): x * 2^y or x / 2^y in int32, wrapped back to
+    uint8; shifts of 8 or more give 0, as in ONNX Runtime."""
+    x, y = n.inputs[0], n.inputs[1]
+    if ctx.dtype(x) != "uint8":
+        ctx.unsupported(f"BitShift on {ctx.dtype(x)}")
+    shift = ctx.cast(ctx.elementwise(Prim.MIN, y, ctx.scalar(8, "uint8")), "float32")
+    power = ctx.elementwise(Prim.POW, ctx.scalar(2.0, "float32"), shift)
+    power = ctx.cast(ctx.unary(Prim.ROUND, power), "int32")  # 1 .. 256, exact even if pow is not
+    op = Prim.MUL if n.attr("direction") == "LEFT" else Prim.DIV
+    return [ctx.cast(ctx.elementwise(op, ctx.cast(x, "int32"), power), "uint8")]
+
+
+# ------------------------------------------------ trigonometric and hyperbolic
+
+_LN2 = math.log(2.0)
+_BIG = 2.0**28  # above this, asinh(x) and acosh(x) are log(2x) to double precision (and x^2 may overflow)
+
+
+def _in_float32(fn):
+    """A unary rule computed from fn(ctx, x); float16 goes through float32 so rounding happens once."""
+
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        x = n.inputs[0]
+        if ctx.dtype(x) != "float16":
+            return [fn(ctx, x)]
+        return [ctx.cast(fn(ctx, ctx.cast(x, "float32")), "float16")]
+
+    return rule
+
+
+def log1p_core(ctx: Lowering, u: str) -> str:
+    """log(1 + u), accurate for small u: log(w) * u / (w - 1) with w = 1 + u (Goldberg, Theorem 4)."""
+    w = ctx.elementwise(Prim.ADD, u, _s(ctx, u, 1))
+    d = ctx.elementwise(Prim.SUB, w, _s(ctx, u, 1))
+    scaled = ctx.elementwise(Prim.MUL, ctx.unary(Prim.LOG, w), ctx.elementwise(Prim.DIV, u, d))
+    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.EQ, d, _s(ctx, u, 0)), u, scaled)
+
+
+def _log_twice(ctx: Lowering, x: str) -> str:
+    """log(2x) = log(x) + log(2) without overflowing 2x."""
+    return ctx.elementwise(Prim.ADD, ctx.unary(Prim.LOG, x), _s(ctx, x, _LN2))
+
+
+@fission("Tan", 7, 22)
+@_in_float32
+def tan(ctx: Lowering, x: str) -> str:
+    return ctx.elementwise(Prim.DIV, ctx.unary(Prim.SIN, x), ctx.unary(Prim.COS, x))
+
+
+def _half_exps(ctx: Lowering, x: str) -> tuple[str, str]:
+    """exp(x) / 2 and exp(-x) / 2, as exp(+-x - log 2) so they overflow no earlier than sinh does."""
+    up = ctx.unary(Prim.EXP, ctx.elementwise(Prim.SUB, x, _s(ctx, x, _LN2)))
+    down = ctx.unary(Prim.EXP, ctx.elementwise(Prim.SUB, ctx.unary(Prim.NEG, x), _s(ctx, x, _LN2)))
+    return up, down
+
+
+@fission("Sinh", 9, 22)
+@_in_float32
+def sinh(ctx: Lowering, x: str) -> str:
+    """2t / (1 - t^2) with t = tanh(x/2) for |x| < 1 (no cancellation near 0), else exp differences."""
+    t = ctx.unary(Prim.TANH, ctx.elementwise(Prim.MUL, x, _s(ctx, x, 0.5)))
+    one_minus = ctx.elementwise(Prim.SUB, _s(ctx, x, 1), ctx.elementwise(Prim.MUL, t, t))
+    small = ctx.elementwise(Prim.DIV, ctx.elementwise(Prim.ADD, t, t), one_minus)
+    large = ctx.elementwise(Prim.SUB, *_half_exps(ctx, x))
+    is_small = ctx.elementwise(Prim.LT, ctx.unary(Prim.ABS, x), _s(ctx, x, 1))
+    return ctx.elementwise(Prim.WHERE, is_small, small, large)
+
+
+@fission("Cosh", 9, 22)
+@_in_float32
+def cosh(ctx: Lowering, x: str) -> str:
+    return ctx.elementwise(Prim.ADD, *_half_exps(ctx, x))
+
+
+@fission("Asinh", 9, 22)
+@_in_float32
+def asinh(ctx: Lowering, x: str) -> str:
+    """sign(x) * log1p(a + a^2 / (1 + sqrt(1 + a^2))) with a = |x|; log(2a) for huge a."""
+    a = ctx.unary(Prim.ABS, x)
+    sq = ctx.elementwise(Prim.MUL, a, a)
+    root = ctx.unary(Prim.SQRT, ctx.elementwise(Prim.ADD, sq, _s(ctx, x, 1)))
+    frac = ctx.elementwise(Prim.DIV, sq, ctx.elementwise(Prim.ADD, root, _s(ctx, x, 1)))
+    small = log1p_core(ctx, ctx.elementwise(Prim.ADD, a, frac))
+    is_big = ctx.elementwise(Prim.GT, a, _s(ctx, x, _BIG))
+    magnitude = ctx.elementwise(Prim.WHERE, is_big, _log_twice(ctx, a), small)
+    return ctx.elementwise(Prim.MUL, ctx.unary(Prim.SIGN, x), magnitude)
+
+
+@fission("Acosh", 9, 22)
+@_in_float32
+def acosh(ctx: Lowering, x: str) -> str:
+    """log1p(t + sqrt(t * (t + 2))) with t = x - 1 (exact near 1); log(2x) for huge x; NaN below 1."""
+    t = ctx.elementwise(Prim.SUB, x, _s(ctx, x, 1))
+    root = ctx.unary(Prim.SQRT, ctx.elementwise(Prim.MUL, t, ctx.elementwise(Prim.ADD, t, _s(ctx, x, 2))))
+    small = log1p_core(ctx, ctx.elementwise(Prim.ADD, t, root))
+    is_big = ctx.elementwise(Prim.GT, x, _s(ctx, x, _BIG))
+    return ctx.elementwise(Prim.WHERE, is_big, _log_twice(ctx, x), small)
+
+
+@fission("Atanh", 9, 22)
+@_in_float32
+def atanh(ctx: Lowering, x: str) -> str:
+    """(log1p(x) - log1p(-x)) / 2: no cancellation near 0, +-inf at +-1, NaN beyond."""
+    diff = ctx.elementwise(Prim.SUB, log1p_core(ctx, x), log1p_core(ctx, ctx.unary(Prim.NEG, x)))
+    return ctx.elementwise(Prim.MUL, diff, _s(ctx, x, 0.5))
+
+
+@fission("Swish", 24)
+def swish(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x, alpha = n.inputs[0], n.attr("alpha", 1.0)
+    scaled = x if alpha == 1.0 else ctx.elementwise(Prim.MUL, x, _s(ctx, x, alpha))
+    return [ctx.elementwise(Prim.MUL, x, ctx.unary(Prim.SIGMOID, scaled))]

@@ -9,6 +9,7 @@ from onnx import numpy_helper
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
+from korch.frontend.onnx_types import onnx_dtype
 from korch.prims import Prim
 
 # ------------------------------------------------------- constants and shapes
@@ -300,3 +301,190 @@ def trilu(ctx: Lowering, n: OnnxNode) -> list[str]:
     diff = np.arange(cols)[None, :] - np.arange(rows)[:, None]
     mask = diff >= k if n.attr("upper", 1) else diff <= k
     return [ctx.elementwise(Prim.WHERE, ctx.const(mask), x, ctx.scalar(0, ctx.dtype(x)))]
+
+
+# ------------------------------------------------------------ indexed gathers
+
+
+def _strides(shape) -> list[int]:
+    """Row-major element strides of a shape."""
+    return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+
+
+def _index_dtype(dtype: str, bound: int) -> str:
+    """The dtype flat indices below `bound` need: the given one while it holds them, else int64."""
+    return dtype if dtype in ("int32", "int64") and bound <= np.iinfo(dtype).max else "int64"
+
+
+def _wrap_negative(ctx: Lowering, idx: str, dims) -> str:
+    """Negative indices count from the end: idx + dims where idx < 0 (dims broadcasts against idx)."""
+    dtype = ctx.dtype(idx)
+    value = ctx.const_value(idx)
+    if value is not None:
+        return ctx.const(np.where(value < 0, value + np.asarray(dims), value).astype(dtype))
+    negative = ctx.elementwise(Prim.LT, idx, ctx.scalar(0, dtype))
+    shifted = ctx.elementwise(Prim.ADD, idx, ctx.const(np.asarray(dims, dtype=dtype)))
+    return ctx.elementwise(Prim.WHERE, negative, shifted, idx)
+
+
+def _affine(ctx: Lowering, idx: str, scale, offset: np.ndarray) -> str:
+    """idx * scale + offset (scale and offset broadcast against idx), folded when idx is a constant."""
+    dtype = ctx.dtype(idx)
+    value = ctx.const_value(idx)
+    if value is not None:
+        return ctx.const(np.broadcast_to(value * np.asarray(scale) + offset, value.shape).astype(dtype))
+    scale = np.asarray(scale)
+    if np.any(scale != 1):
+        idx = ctx.elementwise(Prim.MUL, idx, ctx.const(scale.astype(dtype)))
+    if np.any(offset != 0):
+        idx = ctx.elementwise(Prim.ADD, idx, ctx.const(np.asarray(offset, dtype=dtype)))
+    return idx
+
+
+def take(ctx: Lowering, x: str, axis: int, picks: np.ndarray) -> str:
+    """x's entries `picks` (known non-negative indices) along axis: a slice when they are evenly
+    spaced and increasing, a gather otherwise."""
+    picks = np.asarray(picks, dtype="int64").reshape(-1)
+    steps = np.diff(picks)
+    if picks.size == 0:
+        return ctx.slice_axis(x, axis, 0, 0)
+    if picks.size == 1 or (steps[0] > 0 and np.all(steps == steps[0])):
+        return ctx.slice_axis(x, axis, int(picks[0]), picks.size, int(steps[0]) if steps.size else 1)
+    return ctx.emit(Prim.GATHER, x, ctx.const(picks), axis=axis)
+
+
+@fission("GatherElements", 11, 13)
+def gather_elements(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """A gather from the flattened data: flat = wrap(index) * stride(axis) + the offset of the other
+    coordinates (a constant, size 1 along axis)."""
+    data, idx = n.inputs[:2]
+    shape, ishape = ctx.shape(data), ctx.shape(idx)
+    rank = len(shape)
+    (axis,) = normalize_axes([n.attr("axis", 0)], rank)
+    if len(ishape) != rank or any(i > d for k, (i, d) in enumerate(zip(ishape, shape)) if k != axis):
+        raise KorchError(f"GatherElements indices {list(ishape)} do not fit data {list(shape)} (axis {axis})")
+    if rank == 1:
+        return [ctx.emit(Prim.GATHER, data, idx, axis=0)]
+    numel = ctx.type(data).numel
+    idx = ctx.cast(idx, _index_dtype(ctx.dtype(idx), numel))
+    strides = _strides(shape)
+    coords = np.indices(tuple(1 if k == axis else d for k, d in enumerate(ishape)), dtype="int64")
+    offset = sum(c * s for k, (c, s) in enumerate(zip(coords, strides)) if k != axis)
+    flat = _affine(ctx, _wrap_negative(ctx, idx, shape[axis]), strides[axis], offset)
+    return [ctx.emit(Prim.GATHER, ctx.reshape(data, (numel,)), flat, axis=0)]
+
+
+@fission("GatherND", 11, 12, 13)
+def gather_nd(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Index tuples become flat rows of the data viewed as [batch * indexed block, *rest]:
+    flat = sum(wrap(index) * block strides) + batch offset, then one gather along axis 0."""
+    data, idx = n.inputs[:2]
+    shape, ishape = ctx.shape(data), ctx.shape(idx)
+    b = n.attr("batch_dims", 0)
+    m = ishape[-1] if ishape else 0
+    if not (0 <= b < min(len(shape), len(ishape)) and ishape[:b] == shape[:b] and 1 <= m <= len(shape) - b):
+        raise KorchError(f"GatherND indices {list(ishape)} do not fit data {list(shape)} (batch_dims {b})")
+    inner, rest = shape[b : b + m], shape[b + m :]
+    idx = ctx.cast(idx, _index_dtype(ctx.dtype(idx), math.prod(shape[: b + m])))
+    wrapped = _wrap_negative(ctx, idx, np.array(inner))
+    if m == 1:
+        rows = ctx.reshape(wrapped, ishape[:-1])
+    else:
+        scaled = _affine(ctx, wrapped, np.array(_strides(inner)), np.zeros((), "int64"))
+        rows = ctx.reduce(Prim.REDUCE_SUM, scaled, [len(ishape) - 1], keepdims=False)
+    batch = np.indices(ishape[:b], dtype="int64")
+    offset = sum((c * s for c, s in zip(batch, _strides(ishape[:b]))), np.zeros((), "int64"))
+    offset = np.reshape(offset * math.prod(inner), ishape[:b] + (1,) * (len(ishape) - 1 - b))
+    rows = _affine(ctx, rows, 1, offset)
+    flat_data = ctx.reshape(data, (math.prod(shape[: b + m]), *rest))
+    return [ctx.emit(Prim.GATHER, flat_data, rows, axis=0)]
+
+
+@fission("OneHot", 9, 11)
+def one_hot(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """where(index == arange(depth), on, off) with the classes along `axis`. Negative indices count
+    from depth (from opset 11 by the spec; ONNX Runtime does so at opset 9 too, and so does this)."""
+    idx, depth_v, values = n.inputs[:3]
+    depth = ctx.require_const(depth_v, "OneHot depth").reshape(-1)
+    if depth.size != 1 or int(depth[0]) < 1:
+        raise KorchError(f"OneHot depth must be one positive number, got {depth.tolist()}")
+    depth = int(depth[0])
+    if ctx.type(values).numel != 2:
+        raise KorchError(f"OneHot values must be [off, on], got shape {list(ctx.shape(values))}")
+    ishape = ctx.shape(idx)
+    rank = len(ishape)
+    axis = n.attr("axis", -1)
+    if not -rank - 1 <= axis <= rank:
+        raise KorchError(f"OneHot axis {axis} out of range for rank {rank}")
+    axis = axis + rank + 1 if axis < 0 else axis
+    # float indices truncate (as ONNX Runtime's cast does); small integer types widen so +depth fits
+    idx = ctx.cast(idx, _index_dtype(ctx.dtype(idx), depth))
+    idx = _wrap_negative(ctx, idx, depth)
+    idx = ctx.reshape(idx, ishape[:axis] + (1,) + ishape[axis:])
+    classes = np.arange(depth, dtype=ctx.dtype(idx)).reshape((depth,) + (1,) * (rank - axis))
+    hot = ctx.elementwise(Prim.EQ, idx, ctx.const(classes))
+    dtype = ctx.dtype(values)
+    pair = ctx.const_value(values)
+    if pair is not None and pair.reshape(-1).tolist() == [0, 1]:
+        return [ctx.cast(hot, dtype)]
+    flat = ctx.reshape(values, (2,))
+    off, on = (ctx.reshape(ctx.slice_axis(flat, 0, i, 1), ()) for i in (0, 1))
+    return [ctx.elementwise(Prim.WHERE, hot, on, off)]
+
+
+@fission("EyeLike", 9)
+def eye_like(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    if ctx.rank(x) != 2:
+        raise KorchError(f"EyeLike needs a 2-D input, got shape {list(ctx.shape(x))}")
+    dtype = onnx_dtype(n.attrs["dtype"]) if "dtype" in n.attrs else ctx.dtype(x)
+    rows, cols = ctx.shape(x)
+    return [ctx.const(np.eye(rows, cols, n.attr("k", 0), dtype=dtype))]
+
+
+@fission("Compress", 9, 11)
+def compress(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """The selected entries of a constant condition, gathered (or sliced) along the axis; condition
+    entries past the axis length are ignored, as ONNX Runtime does."""
+    x, cond = n.inputs[:2]
+    mask = ctx.require_const(cond, "Compress condition").reshape(-1).astype(bool)
+    if "axis" in n.attrs:
+        (axis,) = normalize_axes([n.attrs["axis"]], ctx.rank(x))
+    else:
+        x, axis = ctx.reshape(x, (ctx.type(x).numel,)), 0
+    return [take(ctx, x, axis, np.flatnonzero(mask[: ctx.shape(x)[axis]]))]
+
+
+@fission("ReverseSequence", 10)
+def reverse_sequence(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """A gather from x viewed as [time * batch, *rest]: row (t, b) reads time lens[b] - 1 - t while
+    t < lens[b], else t. Indices are constant for constant lens, a few elementwise ops otherwise."""
+    x, lens = n.inputs[:2]
+    shape = ctx.shape(x)
+    batch_axis, time_axis = n.attr("batch_axis", 1), n.attr("time_axis", 0)
+    if len(shape) < 2 or {batch_axis, time_axis} != {0, 1}:
+        raise KorchError(f"ReverseSequence axes (batch {batch_axis}, time {time_axis}) must be 0 and 1")
+    if ctx.shape(lens) != (shape[batch_axis],):
+        raise KorchError(f"ReverseSequence lengths {list(ctx.shape(lens))} != batch {shape[batch_axis]}")
+    cols = shape[1]
+    lead = (1, shape[1]) if time_axis == 0 else (shape[0], 1)  # the lengths laid out along batch
+    time = np.arange(shape[time_axis], dtype="int64").reshape((-1, 1) if time_axis == 0 else (1, -1))
+    batch_part = np.arange(shape[batch_axis]).reshape(lead) * (cols if batch_axis == 0 else 1)
+    time_stride = cols if time_axis == 0 else 1
+    value = ctx.const_value(lens)
+    if value is not None:
+        lengths = value.astype("int64").reshape(lead)
+        if np.any(lengths < 0) or np.any(lengths > shape[time_axis]):
+            raise KorchError(f"ReverseSequence lengths {value.tolist()} out of [0, {shape[time_axis]}]")
+        source = np.where(time < lengths, lengths - 1 - time, time)
+        if np.array_equal(np.broadcast_to(source, shape[:2]), np.broadcast_to(time, shape[:2])):
+            return [x]
+        rows = ctx.const(source * time_stride + batch_part)
+    else:
+        lengths = ctx.reshape(ctx.cast(lens, "int64"), lead)
+        inside = ctx.elementwise(Prim.LT, ctx.const(time), lengths)
+        reversed_ = ctx.elementwise(Prim.SUB, lengths, ctx.const(time + 1))
+        source = ctx.elementwise(Prim.WHERE, inside, reversed_, ctx.const(time))
+        rows = _affine(ctx, source, time_stride, batch_part)
+    flat = ctx.reshape(x, (shape[0] * shape[1], *shape[2:]))
+    return [ctx.emit(Prim.GATHER, flat, rows, axis=0)]

@@ -126,6 +126,33 @@ fission("LogSoftmax", 1)(_softmax_rule(log=True, coerce_2d=True))
 fission("LogSoftmax", 13)(_softmax_rule(log=True, coerce_2d=False))
 
 
+def hardmax(ctx: Lowering, x: str, axis: int) -> str:
+    """1 at the first maximum along axis (argmax picks the first of ties, as ONNX Runtime does), else 0."""
+    shape = ctx.shape(x)
+    index = ctx.emit(Prim.ARGMAX, x, axis=axis)
+    positions = np.arange(shape[axis], dtype="int64")
+    positions = positions.reshape([-1 if i == axis else 1 for i in range(len(shape))])
+    return ctx.cast(ctx.elementwise(Prim.EQ, index, ctx.const(positions)), ctx.dtype(x))
+
+
+def _hardmax_rule(coerce_2d: bool):
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        x = n.inputs[0]
+        shape = ctx.shape(x)
+        (axis,) = normalize_axes([n.attr("axis", 1 if coerce_2d else -1)], len(shape))
+        if not coerce_2d:
+            return [hardmax(ctx, x, axis)]
+        # before opset 13 the input is flattened to 2D at `axis` and one row's maximum wins
+        flat = ctx.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+        return [ctx.reshape(hardmax(ctx, flat, 1), shape)]
+
+    return rule
+
+
+fission("Hardmax", 1, 11)(_hardmax_rule(coerce_2d=True))
+fission("Hardmax", 13)(_hardmax_rule(coerce_2d=False))
+
+
 # ------------------------------------------------------------- normalizations
 
 
@@ -194,6 +221,87 @@ def _group_norm_rule(per_channel: bool):
 
 fission("GroupNormalization", 18)(_group_norm_rule(per_channel=False))
 fission("GroupNormalization", 21)(_group_norm_rule(per_channel=True))
+
+
+@fission("MeanVarianceNormalization", 9, 13)
+def mean_variance_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """(x - mean) / (sqrt(var) + 1e-9), the variance taken of the centred values (see normalize).
+
+    ONNX Runtime (1.32) takes it as E[x^2] - E[x]^2, which cancels: on a constant input it gives NaN
+    where this gives 0, and on inputs with a large mean relative to their spread it loses digits."""
+    x = n.inputs[0]
+    axes = normalize_axes(n.attr("axes", [0, 2, 3]), ctx.rank(x))
+    dtype = ctx.dtype(x)
+    centered = ctx.elementwise(Prim.SUB, x, ctx.mean(x, axes))
+    var = ctx.mean(ctx.elementwise(Prim.MUL, centered, centered), axes)
+    std = ctx.elementwise(Prim.ADD, ctx.unary(Prim.SQRT, var), ctx.scalar(1e-9, dtype))
+    return [ctx.elementwise(Prim.MUL, centered, ctx.unary(Prim.RECIPROCAL, std))]
+
+
+@fission("LpNormalization", 1)
+def lp_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """x / ||x||_p along one axis; a slice whose norm is zero gives zeros (ONNX Runtime and opset 22)."""
+    x = n.inputs[0]
+    p = n.attr("p", 2)
+    if p not in (1, 2):
+        ctx.unsupported(f"LpNormalization with p={p}")
+    (axis,) = normalize_axes([n.attr("axis", -1)], ctx.rank(x))
+    dtype = ctx.dtype(x)
+    if p == 1:
+        norm = ctx.reduce(Prim.REDUCE_SUM, ctx.unary(Prim.ABS, x), [axis])
+    else:
+        norm = ctx.unary(Prim.SQRT, ctx.reduce(Prim.REDUCE_SUM, ctx.elementwise(Prim.MUL, x, x), [axis]))
+    zero = ctx.elementwise(Prim.EQ, norm, ctx.scalar(0, dtype))
+    safe = ctx.elementwise(Prim.WHERE, zero, ctx.scalar(1, dtype), norm)
+    y = ctx.elementwise(Prim.DIV, x, safe)
+    return [ctx.elementwise(Prim.WHERE, zero, ctx.scalar(0, dtype), y)]
+
+
+@fission("RMSNormalization", 23)
+def rms_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """x / sqrt(mean(x^2) + eps) * scale over axes [axis, rank), in float32 or float64.
+
+    As in ONNX Runtime (1.32), whatever stash_type says: float16 is computed in float32, float64 in
+    float64, and the scale is applied before the one cast back (the spec's function casts before the
+    multiply and honours stash_type=0; for float16 either differs from ONNX Runtime by a rounding)."""
+    x, scale = n.inputs[0], n.inputs[1]
+    rank = ctx.rank(x)
+    stash = "float64" if ctx.dtype(x) == "float64" else "float32"
+    axis = normalize_axes([n.attr("axis", -1)], rank)[0]
+    xs = ctx.cast(x, stash)
+    mean_square = ctx.mean(ctx.elementwise(Prim.MUL, xs, xs), range(axis, rank))
+    mean_square = ctx.elementwise(Prim.ADD, mean_square, ctx.scalar(n.attr("epsilon", 1e-5), stash))
+    inv_rms = ctx.unary(Prim.RECIPROCAL, ctx.unary(Prim.SQRT, mean_square))
+    y = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.MUL, xs, inv_rms), ctx.cast(scale, stash))
+    return [ctx.cast(y, ctx.dtype(scale))]
+
+
+@fission("LRN", 1, 13)
+def lrn(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """x / (bias + alpha / size * square_sum) ^ beta, square_sum over a window of `size` channels.
+
+    The channel window is a pooling window: pad the squares with zeros along C, view [N, C', P] with
+    the spatial axes flattened, take windows of [size, 1] and sum them."""
+    x = n.inputs[0]
+    shape = ctx.shape(x)
+    if len(shape) < 3:
+        ctx.unsupported(f"LRN of a rank-{len(shape)} input")
+    size = int(n.attr("size"))
+    dtype = ctx.dtype(x)
+    before = (size - 1) // 2
+    after = size - 1 - before
+    squares = ctx.elementwise(Prim.MUL, x, x)
+    pads = [0] * len(shape) * 2
+    pads[1], pads[len(shape) + 1] = before, after
+    if before or after:
+        squares = ctx.emit(Prim.PAD, squares, pads=pads, mode="constant", value=0.0)
+    flat = ctx.reshape(squares, (shape[0], shape[1] + size - 1, math.prod(shape[2:])))
+    windows = ctx.emit(Prim.WINDOW, flat, kernel=[size, 1], strides=[1, 1], dilations=[1, 1])
+    square_sum = ctx.reshape(ctx.reduce(Prim.REDUCE_SUM, windows, [3, 4], keepdims=False), shape)
+    scaled = ctx.elementwise(Prim.MUL, square_sum, ctx.scalar(n.attr("alpha", 1e-4) / size, dtype))
+    base = ctx.elementwise(Prim.ADD, scaled, ctx.scalar(n.attr("bias", 1.0), dtype))
+    denominator = ctx.elementwise(Prim.POW, base, ctx.scalar(n.attr("beta", 0.75), dtype))
+    return [ctx.elementwise(Prim.DIV, x, denominator)]
 
 
 @fission("BatchNormalization", 1)
