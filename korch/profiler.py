@@ -322,18 +322,29 @@ def _compile_pool(options: ProfileOptions, workers: int, threads: int):
 
 
 class _Progress:
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.total, self.label, self.enabled = total, label, enabled
+    def __init__(self, total: int, label: str, enabled: bool, deadline: float | None = None):
+        self.total, self.label, self.enabled, self.deadline = total, label, enabled, deadline
         self.done, self.failed, self.start, self.last = 0, 0, time.time(), 0.0
+
+    def skip(self, count: int) -> None:
+        """Jobs dropped at the deadline: the count (and the finished line) no longer waits for them."""
+        self.total -= count
+        self.deadline = None
+        self._show()
 
     def step(self, failed: bool) -> None:
         self.done += 1
         self.failed += failed
+        self._show()
+
+    def _show(self) -> None:
         now = time.time()
         tty = sys.stderr.isatty()
         if self.enabled and (now - self.last > (0.5 if tty else 15) or self.done == self.total):
             self.last = now
-            eta = (now - self.start) / self.done * (self.total - self.done)
+            eta = (now - self.start) / max(self.done, 1) * (self.total - self.done)
+            if self.deadline is not None:  # a --time-budget ends it sooner (then skip says how many)
+                eta = min(eta, max(self.deadline - now, 0.0))
             line = f"{self.label}: {self.done}/{self.total} ({self.failed} failed), ETA {eta:5.0f}s"
             end = "\n" if self.done == self.total or not tty else ""
             sys.stderr.write(("\r" if tty else "") + line + " " + end)
@@ -516,7 +527,7 @@ def profile(
     workers = options.jobs or cores
     compile_pool = _compile_pool(options, workers, threads=max(1, cores // workers))
     timer = _Pool(1, threads=torch.get_num_threads())
-    progress = _Progress(len(jobs), "profiling", options.progress)
+    progress = _Progress(len(jobs), "profiling", options.progress, deadline)
     chunk = max(16, 8 * workers)  # compile a chunk in parallel, then time it alone
     queue, first, late = sorted(jobs, key=_priority), 0, False
     try:
@@ -525,6 +536,7 @@ def profile(
                 done = {k for k, by in result.profiles.items() if any(p.status == "ok" for p in by.values())}
                 rest = _coverage(queue[first:], done)
                 result.skipped += len(queue) - first - len(rest)
+                progress.skip(len(queue) - first - len(rest))
                 queue, first, late = rest, 0, True
                 continue
             batch, first = queue[first : first + chunk], first + chunk

@@ -109,6 +109,16 @@ def test_time_budget_skips_and_reports(tmp_path):
     assert result.profiled + result.skipped == cands.unique_keys
 
 
+def test_progress_counts_to_what_was_left_at_the_deadline(tmp_path, capsys):
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
+    opts = ProfileOptions(min_time=0.002, progress=True, time_budget=0.0)
+    result = profile(graph, cands, get_backends(["onnxruntime"]), ProfileDB(tmp_path / "p.sqlite"), opts)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert result.skipped > 0
+    assert last.startswith(f"profiling: {result.profiled}/{result.profiled} "), last
+
+
 SCRIPT = textwrap.dedent("""
     import sys
     import korch
