@@ -282,15 +282,25 @@ def test_the_source_model_job_reads_its_file_and_is_checked_against_the_primitiv
     assert wrong["status"] == "failed" and "wrong result" in wrong["reason"]
 
 
-def test_refinement_measures_the_source_model_even_when_its_profile_was_disturbed(model_path, tmp_path):
-    """A source-model timing inflated by a busy machine stays in the database; the refinement
-    still measures that plan in place, and the plan kept is the fastest one it measured."""
+@pytest.mark.parametrize("disturbed", ["the source model", "the whole primitive graph"])
+def test_refinement_measures_whole_graph_kernels_even_when_their_profile_was_disturbed(
+    disturbed, model_path, tmp_path
+):
+    """A whole-graph kernel's timing inflated by a busy machine stays in the database; the
+    refinement still measures that plan in place, and the plan kept is the fastest one it measured."""
     import sqlite3
 
     db = tmp_path / "p.sqlite"
-    optimize(model_path, options=OptimizeOptions(cache=db, **FAST))
+    first = optimize(model_path, options=OptimizeOptions(cache=db, **FAST))
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE profiles SET median_ms = 1000, min_ms = 1000 WHERE key LIKE 'model-%'")
+        if disturbed == "the source model":
+            conn.execute("UPDATE profiles SET median_ms = 1000, min_ms = 1000 WHERE key LIKE 'model-%'")
+        else:  # the seed over every primitive (one partition here), in every backend
+            rows = conn.execute("SELECT key, spec FROM profiles").fetchall()
+            sizes = {key: len(json.loads(spec)["nodes"]) for key, spec in rows}
+            whole = max((k for k in sizes if not k.startswith("model-")), key=sizes.get)
+            assert sizes[whole] == len(first.graph.nodes)
+            conn.execute("UPDATE profiles SET median_ms = 1000, min_ms = 1000 WHERE key = ?", (whole,))
     plan = optimize(model_path, options=OptimizeOptions(cache=db, **FAST))
     history = plan.meta["refine"]
     assert any(h["kernels"] == 1 and h["predicted_ms"] >= 1000 for h in history)
