@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import math
 import os
 import statistics
@@ -25,7 +26,7 @@ from korch.candidates import (
     enumerate_candidates,
     make_candidate,
 )
-from korch.errors import KorchError
+from korch.errors import KorchError, first_line
 from korch.frontend import FissionResult, import_onnx
 from korch.ir import Graph, Node
 from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec
@@ -38,6 +39,9 @@ from korch.roofline import measure_ceilings
 from korch.solver import Choice, Solution, greedy, solve
 
 WHOLE_GRAPH = -1  # the partition index of the whole-graph seed
+WHOLE_GRAPH_REACH = 10.0  # whole-graph plans isolated within this factor of the best measured are measured
+
+log = logging.getLogger("korch")
 
 
 @dataclass(frozen=True)
@@ -273,25 +277,32 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         measure(solution)
         solution, _ = _select(graph, found, cost, options.solver_time_limit)
     # the plans of one whole-graph kernel (the source model in ONNX Runtime, the whole primitive
-    # graph in its fastest backend) are always measured too: an isolated timing disturbed by a
-    # neighbour when it was profiled (the database keeps it) must not hide them
+    # graph in each backend that ran it) are always measured too: an isolated timing disturbed by
+    # a neighbour when it was profiled (the database keeps it) must not hide them. A neighbour
+    # about doubles a timing: one isolated at WHOLE_GRAPH_REACH times the best measured is hopeless.
     for whole in _whole_graph_solutions(graph, found, profiles, solution):
-        if chosen(whole) not in seen:
-            measure(whole, calibrating=False)  # no re-solve follows, and its timing is a whole model
+        reach = WHOLE_GRAPH_REACH * best[0].meta["measured"]["min_ms"]
+        if chosen(whole) in seen or whole.objective_ms > reach:
+            continue
+        try:  # no re-solve follows, and its timing is a whole model
+            measure(whole, calibrating=False)
+        except Exception as e:  # built and run here, not in a worker: out of memory, say
+            log.warning("korch: a whole-graph plan could not be measured in place (%s)", first_line(e, 160))
     best[0].meta["refine"] = history
     best[0].meta["extra_ms_per_kernel"] = {b: round(v, 6) for b, v in extra.items()}
     return best
 
 
 def _whole_graph_solutions(graph: Graph, found: CandidateSet, profiles, like: Solution) -> list[Solution]:
-    """The plans of one whole-graph kernel each (where one ran), for measuring beside the optimum."""
+    """The plans of one whole-graph kernel in one backend each (every pair that ran), cheapest on
+    paper first, for measuring beside the optimum."""
     plans = []
     for cand in found.candidates:
         if len(cand.nodes) == len(graph.nodes):
-            ms, backend = profiles.cost(cand.key)
-            if backend is not None:
-                plans.append(_alone(like, cand, backend, ms))
-    return plans
+            for backend, prof in profiles.profiles.get(cand.key, {}).items():
+                if prof.cost_ms < math.inf:
+                    plans.append(_alone(like, cand, backend, prof.cost_ms))
+    return sorted(plans, key=lambda p: p.objective_ms)
 
 
 def measure_in_place(plan: Plan, repeats: int = 5, spread_s: float = 0.0) -> dict:

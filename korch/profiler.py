@@ -422,12 +422,15 @@ def _write_blobs(specs, directory: Path) -> tuple[dict[str, dict[str, bytes]], d
 
 def _priority(job: tuple[KernelSpec, Backend]) -> tuple:
     """Under a time budget what matters most is profiled first: the source model run whole (a
-    complete plan on its own), every single primitive and every whole-partition seed (a complete
-    plan needs them), cheap-to-compile backends before Inductor, then larger fusions first."""
+    complete plan on its own), every single primitive in a cheap-to-compile backend and every
+    whole-partition seed (a complete plan needs them), then larger fusions first. Inductor's
+    single-primitive kernels (on CUDA a Triton compile each) come after the fusions of their size:
+    a cheaper backend already gives every primitive a kernel."""
     spec, backend = job
     size = len(spec.graph.nodes)
-    essential = size == 1 or spec.seed
-    return (not spec.key.startswith(SOURCE_MODEL_PREFIX), not essential, backend.name == "inductor", -size)
+    inductor = backend.name == "inductor"
+    essential = spec.seed or (size == 1 and not inductor)
+    return (not spec.key.startswith(SOURCE_MODEL_PREFIX), not essential, inductor, -size)
 
 
 def profile(

@@ -165,6 +165,21 @@ def _all_values(graph, feeds):
     return env
 
 
+def test_eager_reflect_padding_makes_its_indices_once():
+    """A copy of host indices in every call would wait for the device and break CUDA graph capture."""
+    from korch.backends import torch_ops
+
+    spec, inputs, want = _whole_graph_spec("pad_reflect")
+    (pad,) = [i for i, n in enumerate(spec.graph.nodes) if n.prim.value == "pad"]
+    single = kernel_spec(spec.graph, make_candidate(spec.graph, [pad]))
+    fn = get_backends(["eager"])[0].compile(single, "cpu").fn
+    x = to_tensor(inputs[0])
+    fn(x)
+    made = torch_ops._pad_index.cache_info().misses
+    torch.testing.assert_close(fn(x)[0], fn(x * 1)[0])
+    assert torch_ops._pad_index.cache_info().misses == made
+
+
 def test_eager_refuses_fusions_and_is_a_default_on_cuda_only():
     spec, _, _ = _whole_graph_spec("softmax")
     (eager,) = get_backends(["eager"])

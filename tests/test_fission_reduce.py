@@ -265,6 +265,11 @@ def test_lrn(size, opset):
     assert check.rel_err(_lrn_spec(x, size, **LRN_ATTRS), want) < 1e-5  # the spec oracle used below
 
 
+def test_lrn_in_float16_sums_its_squares_in_float32():
+    """Squares of values near 200 sum past float16's 65504 over a window of 3 channels."""
+    check_op("LRN", [(rand(1, 5, 4, 4) * 200).astype("float16")], {"size": 3}, opset=13)
+
+
 def test_lrn_default_attributes():
     check_op("LRN", [rand(1, 7, 2, 3) * 20], {"size": 3}, opset=13)
 

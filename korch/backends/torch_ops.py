@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -95,6 +96,14 @@ def _slice(x, a):
     return x
 
 
+@functools.lru_cache(maxsize=256)
+def _pad_index(device: torch.device, size: int, before: int, after: int, mode: str) -> torch.Tensor:
+    """The source of every position of an axis padded by reflection or by its edge, made once per
+    device: a copy from host memory in every call would wait for the device's queue and cannot be
+    captured in a CUDA graph."""
+    return torch.as_tensor(np.pad(np.arange(size), (before, after), mode=mode), device=device)
+
+
 def _pad(x, a):
     rank = x.dim()
     begins, ends = a["pads"][:rank], a["pads"][rank:]
@@ -104,8 +113,12 @@ def _pad(x, a):
     mode = "reflect" if a["mode"] == "reflect" else "edge"
     for axis in range(rank):
         if begins[axis] or ends[axis]:
-            index = np.pad(np.arange(x.shape[axis]), (begins[axis], ends[axis]), mode=mode)
-            x = x.index_select(axis, torch.as_tensor(index, device=x.device))
+            shape = (x.shape[axis], begins[axis], ends[axis], mode)
+            if type(x) is torch.Tensor:  # a real tensor (a tracer's fake one must not be cached)
+                index = _pad_index(x.device, *shape)
+            else:
+                index = torch.as_tensor(np.pad(np.arange(shape[0]), shape[1:3], mode=mode), device=x.device)
+            x = x.index_select(axis, index)
     return x
 
 

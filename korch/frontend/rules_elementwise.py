@@ -447,7 +447,10 @@ def acosh(ctx: Lowering, x: str) -> str:
     root = ctx.unary(Prim.SQRT, ctx.elementwise(Prim.MUL, t, ctx.elementwise(Prim.ADD, t, _s(ctx, x, 2))))
     small = log1p_core(ctx, ctx.elementwise(Prim.ADD, t, root))
     is_big = ctx.elementwise(Prim.GT, x, _s(ctx, x, _BIG))
-    return ctx.elementwise(Prim.WHERE, is_big, _log_twice(ctx, x), small)
+    y = ctx.elementwise(Prim.WHERE, is_big, _log_twice(ctx, x), small)
+    # below -1 in float32, t * (t + 2) can round to a non-negative number: NaN said explicitly
+    below = ctx.elementwise(Prim.LT, x, _s(ctx, x, 1))
+    return ctx.elementwise(Prim.WHERE, below, _s(ctx, x, math.nan), y)
 
 
 @fission("Atanh", 9, 22)
