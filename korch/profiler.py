@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from korch import check, reference
-from korch.backends import Backend, device_name, hold_device, synchronize, timing_events, torch_ops
+from korch.backends import Backend, device_intervals, device_name, synchronize, torch_ops
 from korch.backends.torch_ops import to_tensor
 from korch.candidates import CandidateSet
 from korch.errors import first_line
@@ -153,15 +153,14 @@ def time_fn(
 
 def _device_ms(fn, inputs, device: str, hold_ms: float) -> float:
     """One call's milliseconds on the CUDA device, the host's launch overhead hidden behind a held
-    stream (backends.hold_device): what the call costs inside a plan replayed as a CUDA graph."""
-    with torch.cuda.device(device):  # events and the hold go to the current device's stream
-        start, end = timing_events()
-        hold_device(device, hold_ms)
-        start.record()
+    stream (backends.device_intervals): what the call costs inside a plan replayed as a CUDA graph."""
+
+    def run(mark) -> None:
+        mark()
         fn(*inputs)
-        end.record()
-        end.synchronize()
-    return start.elapsed_time(end)
+        mark()
+
+    return device_intervals(device, hold_ms, run)[0]
 
 
 def check_kernel(outs, want, graph: Graph, discrete_mismatch: float = 0.0) -> str | None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from korch.backends import all_backends, hold_device, synchronize, timing_events
+from korch.backends import all_backends, device_intervals, synchronize
 from korch.backends.torch_ops import DTYPES
 from korch.errors import KorchError, first_line
 
@@ -127,18 +127,8 @@ class Executable:
 
     def _device_steps(self, feeds: dict[str, torch.Tensor], hold_ms: float) -> list[float]:
         """Each kernel's milliseconds on the CUDA device in one kernel-by-kernel run: the stream
-        held (backends.hold_device) while the host queues the plan between timing events."""
-        events: list[torch.cuda.Event] = []
-
-        def mark() -> None:
-            events.append(timing_events(1)[0])
-            events[-1].record()
-
-        with torch.cuda.device(self.plan.device):  # events and the hold on the plan's device
-            hold_device(self.plan.device, hold_ms)
-            self._run(feeds, mark)
-            events[-1].synchronize()
-        return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+        held (backends.device_intervals) while the host queues the plan kernel by kernel."""
+        return device_intervals(self.plan.device, hold_ms, lambda mark: self._run(feeds, mark))
 
     def feeds(self, inputs, named) -> dict[str, torch.Tensor]:
         if len(inputs) > len(self.input_names):

@@ -120,6 +120,22 @@ def timing_events(n: int = 2) -> list[torch.cuda.Event]:
     return [torch.cuda.Event(enable_timing=True) for _ in range(n)]
 
 
+def device_intervals(device: str, hold_ms: float, run: Callable[[Callable[[], None]], object]) -> list[float]:
+    """Milliseconds on the CUDA device between the marks `run` makes (it is handed the function to
+    call at each), the host's launch overhead hidden behind a stream held for `hold_ms`."""
+    events: list[torch.cuda.Event] = []
+
+    def mark() -> None:
+        events.append(timing_events(1)[0])
+        events[-1].record()
+
+    with torch.cuda.device(device):  # the events and the hold go to the current device's stream
+        hold_device(device, hold_ms)
+        run(mark)
+        events[-1].synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+
 def device_name(device: str) -> str:
     """A stable description of the device, part of every profile's key."""
     if device.startswith("cuda"):

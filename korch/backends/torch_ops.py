@@ -113,12 +113,9 @@ def _pad(x, a):
     mode = "reflect" if a["mode"] == "reflect" else "edge"
     for axis in range(rank):
         if begins[axis] or ends[axis]:
-            shape = (x.shape[axis], begins[axis], ends[axis], mode)
-            if type(x) is torch.Tensor:  # a real tensor (a tracer's fake one must not be cached)
-                index = _pad_index(x.device, *shape)
-            else:
-                index = torch.as_tensor(np.pad(np.arange(shape[0]), shape[1:3], mode=mode), device=x.device)
-            x = x.index_select(axis, index)
+            # a tracer's fake tensor must not be cached: made afresh, uncached
+            make = _pad_index if type(x) is torch.Tensor else _pad_index.__wrapped__
+            x = x.index_select(axis, make(x.device, x.shape[axis], begins[axis], ends[axis], mode))
     return x
 
 

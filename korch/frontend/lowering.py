@@ -140,6 +140,12 @@ class Lowering:
     def cast(self, v: str, dtype: str) -> str:
         return v if self.dtype(v) == dtype else self.emit(Prim.CAST, v, to=dtype)
 
+    def widened(self, v: str) -> tuple[str, str]:
+        """v in float32 when it is float16 (float16 sums overflow at 65504, small constants round
+        to 0, and rounding once at the end matches ONNX Runtime), and the dtype to cast back to."""
+        dtype = self.dtype(v)
+        return (self.cast(v, "float32") if dtype == "float16" else v), dtype
+
     def broadcast_to(self, v: str, shape: Sequence[int]) -> str:
         shape = tuple(shape)
         return v if self.shape(v) == shape else self.emit(Prim.BROADCAST, v, shape=shape)

@@ -373,10 +373,8 @@ def _in_float32(fn):
     """A unary rule computed from fn(ctx, x); float16 goes through float32 so rounding happens once."""
 
     def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
-        x = n.inputs[0]
-        if ctx.dtype(x) != "float16":
-            return [fn(ctx, x)]
-        return [ctx.cast(fn(ctx, ctx.cast(x, "float32")), "float16")]
+        x, dtype = ctx.widened(n.inputs[0])
+        return [ctx.cast(fn(ctx, x), dtype)]
 
     return rule
 

@@ -229,20 +229,13 @@ def mean_variance_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
 
     ONNX Runtime (1.32) takes it as E[x^2] - E[x]^2, which cancels: on a constant input it gives NaN
     where this gives 0, and on inputs with a large mean relative to their spread it loses digits."""
-    x, out_dtype = _widened(ctx, n.inputs[0])
+    x, out_dtype = ctx.widened(n.inputs[0])
     axes = normalize_axes(n.attr("axes", [0, 2, 3]), ctx.rank(x))
     dtype = ctx.dtype(x)
     centered = ctx.elementwise(Prim.SUB, x, ctx.mean(x, axes))
     var = ctx.mean(ctx.elementwise(Prim.MUL, centered, centered), axes)
     std = ctx.elementwise(Prim.ADD, ctx.unary(Prim.SQRT, var), ctx.scalar(1e-9, dtype))
     return [ctx.cast(ctx.elementwise(Prim.MUL, centered, ctx.unary(Prim.RECIPROCAL, std)), out_dtype)]
-
-
-def _widened(ctx: Lowering, x: str) -> tuple[str, str]:
-    """x in float32 when it is float16 (sums of squares overflow float16 at 65504, and 1e-9 rounds
-    to 0), and the dtype to cast the result back to."""
-    dtype = ctx.dtype(x)
-    return (ctx.cast(x, "float32") if dtype == "float16" else x), dtype
 
 
 @fission("LpNormalization", 1)
@@ -253,7 +246,7 @@ def lp_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
     if p not in (1, 2):
         ctx.unsupported(f"LpNormalization with p={p}")
     (axis,) = normalize_axes([n.attr("axis", -1)], ctx.rank(x))
-    x, out_dtype = _widened(ctx, x)
+    x, out_dtype = ctx.widened(x)
     dtype = ctx.dtype(x)
     if p == 1:
         norm = ctx.reduce(Prim.REDUCE_SUM, ctx.unary(Prim.ABS, x), [axis])
@@ -295,7 +288,7 @@ def lrn(ctx: Lowering, n: OnnxNode) -> list[str]:
     if len(shape) < 3:
         ctx.unsupported(f"LRN of a rank-{len(shape)} input")
     size = int(n.attr("size"))
-    x, out_dtype = _widened(ctx, x)
+    x, out_dtype = ctx.widened(x)
     dtype = ctx.dtype(x)
     before = (size - 1) // 2
     after = size - 1 - before
