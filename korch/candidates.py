@@ -13,12 +13,22 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from korch.ir import Graph
 from korch.legality import LegalityOptions, final_reason, monotone_reason
 from korch.partition import Partition, PartitionOptions, partition
 from korch.prims import Kind
 
 SMALL_CONSTANT = 8  # constants up to this many elements are baked into kernels: part of the key
+# integer constants (gather indices) up to this size are baked in too: they fix which elements a
+# kernel reads, and a backend can recognise what they do (a nearest upsampling is a Resize in ONNX)
+INDEX_CONSTANT = 4096
+
+
+def baked(array: np.ndarray) -> bool:
+    """Whether a constant is part of a kernel (and of its key) rather than one of its inputs."""
+    return array.size <= SMALL_CONSTANT or (array.dtype.kind in "iub" and array.size <= INDEX_CONSTANT)
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,9 @@ class _KeyMaker:
             array = graph.constants[value]
             if array.size <= SMALL_CONSTANT:
                 return f"k{graph.types[value]}{array.reshape(-1).tolist()}"
+            if baked(array):
+                digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+                return f"k{graph.types[value]}{digest}"
             return f"w{graph.types[value]}"
         return f"x{graph.types[value]}"
 

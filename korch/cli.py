@@ -262,7 +262,7 @@ def cmd_bench(args) -> int:
         )
     report = bench(plan, peers, rounds=args.rounds)
     width = max(len(n) for n in report["results"])
-    lines = [f"{'system':{width}s} {'median ms':>10s} {'min ms':>9s} {'max ms':>9s} {'vs korch':>9s}"]
+    lines = [f"{'system':{width}s} {'median ms':>10s} {'min ms':>9s} {'max ms':>9s} {'rel err':>9s}"]
     for name, r in report["results"].items():
         agree = f"{r['max_rel_err']:9.1e}" if "max_rel_err" in r else f"{'':9s}"
         lines.append(f"{name:{width}s} {r['median_ms']:10.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f} {agree}")

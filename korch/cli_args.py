@@ -67,7 +67,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
 def build_parser() -> argparse.ArgumentParser:

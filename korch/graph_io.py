@@ -50,7 +50,7 @@ def _attr_from_json(value: Any, blobs: Mapping[str, bytes]) -> Any:
 
 
 def graph_to_json(
-    graph: Graph, by_reference: Mapping[str, bytes] = MappingProxyType({})
+    graph: Graph, by_reference: Mapping[str, bytes] = MappingProxyType({}), inline_limit: int = INLINE_LIMIT
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """The JSON document and the arrays too large to inline. Bytes attributes equal to one of
     `by_reference`'s blobs (sha256 -> bytes: a whole source model) are written as that digest:
@@ -59,7 +59,7 @@ def graph_to_json(
     consts = []
     for name, array in graph.constants.items():
         entry = {"name": name, "shape": list(array.shape), "dtype": str(array.dtype)}
-        if array.size <= INLINE_LIMIT:
+        if array.size <= inline_limit:
             entry["data"] = array.reshape(-1).tolist()
         else:
             big[name] = array

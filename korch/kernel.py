@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from korch.candidates import SMALL_CONSTANT, Candidate
+from korch.candidates import INDEX_CONSTANT, Candidate, baked
+from korch.errors import KorchError
+from korch.graph_io import graph_to_json
 from korch.ir import Graph, Node, verify
 
 SOURCE_MODEL_PREFIX = "model-"  # key prefix of the source model run whole (korch.pipeline)
+WHOLE_GRAPH_PREFIX = "graph-"  # key prefix of the whole primitive graph as one kernel (korch.pipeline)
+
+
+def runs_alone(key: str) -> bool:
+    """Whether a kernel is a plan by itself (the source model, or the whole primitive graph): no
+    other kernel runs beside it, so it may keep the cores busy between calls (ONNX Runtime's
+    spinning thread pool)."""
+    return key.startswith((SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX))
 
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """`graph` reads in0..inN and writes out0..outM. Constants of at most SMALL_CONSTANT elements
-    are baked in; larger ones (weights) are inputs, so structurally identical candidates (same key)
+    """`graph` reads in0..inN and writes out0..outM. Small constants and index arrays are baked in
+    (korch.candidates.baked); others (weights) are inputs, so structurally identical candidates (same key)
     share one compiled kernel. `inputs` / `outputs` name the values in the original graph."""
 
     key: str
@@ -36,7 +47,7 @@ def kernel_spec(graph: Graph, candidate: Candidate) -> KernelSpec:
     types, constants, inputs = {}, {}, []
     for v in candidate.inputs:
         array = graph.constants.get(v)
-        if array is not None and array.size <= SMALL_CONSTANT:
+        if array is not None and baked(array):
             rename[v] = f"c{len(constants)}"
             constants[rename[v]] = array
         else:
@@ -69,3 +80,12 @@ def kernel_spec(graph: Graph, candidate: Candidate) -> KernelSpec:
     )
     verify(sub)
     return KernelSpec(candidate.key, sub, tuple(inputs), candidate.outputs, candidate.seed)
+
+
+def kernel_graph_json(graph: Graph, by_reference: Mapping[str, bytes] = MappingProxyType({})) -> dict:
+    """A kernel's graph as one JSON document: its own constants are small (korch.candidates.baked),
+    so they are written inline (graph_io.graph_to_json for `by_reference`)."""
+    doc, big = graph_to_json(graph, by_reference, inline_limit=INDEX_CONSTANT)
+    if big:
+        raise KorchError("internal: kernel graphs carry only small constants")
+    return doc

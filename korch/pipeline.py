@@ -29,7 +29,7 @@ from korch.candidates import (
 from korch.errors import KorchError, first_line
 from korch.frontend import FissionResult, import_onnx
 from korch.ir import Graph, Node
-from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec
+from korch.kernel import SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX, KernelSpec
 from korch.plan import Plan, build_plan
 from korch.prims import Prim
 from korch.profile_db import ProfileDB
@@ -65,19 +65,21 @@ class OptimizeOptions:
 
 def add_seeds(graph: Graph, found: CandidateSet) -> int:
     """Each partition, and the whole graph, as one candidate: the onnxruntime and inductor backends
-    then price running them their own way, and the plan is never worse than that (as measured)."""
+    then price running them their own way, and the plan is never worse than that (as measured).
+    The whole graph's key says it is a plan by itself (korch.kernel.runs_alone)."""
     keys = _KeyMaker(graph)
-    added = 0
-    for part in found.partitions:
-        if part.size > 1:
-            found.candidates.append(
-                make_candidate(graph, range(part.start, part.stop), part.index, keys, seed=True)
-            )
-            added += 1
+    seeds = [
+        make_candidate(graph, range(part.start, part.stop), part.index, keys, seed=True)
+        for part in found.partitions
+        if part.size > 1
+    ]
     if len(found.partitions) > 1:
-        found.candidates.append(make_candidate(graph, range(len(graph.nodes)), WHOLE_GRAPH, keys, seed=True))
-        added += 1
-    return added
+        seeds.append(make_candidate(graph, range(len(graph.nodes)), WHOLE_GRAPH, keys, seed=True))
+    for cand in seeds:
+        if len(cand.nodes) == len(graph.nodes):
+            cand = dataclasses.replace(cand, key=WHOLE_GRAPH_PREFIX + cand.key)
+        found.candidates.append(cand)
+    return len(seeds)
 
 
 # bytes: protobuf's limit on one serialized model. The source model reaches the profiling workers

@@ -17,7 +17,7 @@ import numpy as np
 from korch.errors import KorchError
 from korch.graph_io import graph_to_json, load_graph_json
 from korch.ir import Graph
-from korch.kernel import KernelSpec
+from korch.kernel import KernelSpec, kernel_graph_json
 from korch.plan_check import check_manifest, check_versions, write_manifest
 from korch.prims import TensorType
 
@@ -218,9 +218,7 @@ def _load_graph(path: Path, arrays) -> Graph:
 
 def _kernel_to_json(k: PlanKernel, source: dict[str, bytes]) -> dict:
     """`source`: sha256 -> bytes of model.onnx; a kernel running the source model refers to it."""
-    doc, big = graph_to_json(k.spec.graph, by_reference=source)
-    if big:
-        raise KorchError("internal: kernel graphs carry only small constants")
+    doc = kernel_graph_json(k.spec.graph, by_reference=source)
     return {
         "backend": k.backend,
         "key": k.spec.key,

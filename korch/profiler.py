@@ -24,13 +24,12 @@ import numpy as np
 import torch
 
 from korch import check, reference
-from korch.backends import Backend, device_intervals, device_name, synchronize, torch_ops
+from korch.backends import Backend, compile_with, device_intervals, device_name, synchronize, torch_ops
 from korch.backends.torch_ops import to_tensor
 from korch.candidates import CandidateSet
 from korch.errors import first_line
-from korch.graph_io import graph_to_json
 from korch.ir import Graph
-from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_spec
+from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_graph_json, kernel_spec
 from korch.profile_db import Profile, ProfileDB
 
 CHECK_TOLERANCE = {"float16": 1e-2}
@@ -200,9 +199,10 @@ def run_job(job: dict) -> dict:
     device = job["device"]
     started = time.perf_counter()
     try:
-        compiled = backend.compile(spec, device)
-        compile_s = time.perf_counter() - started
         arrays = [_load(x) for x in job["inputs"]]
+        weights = {graph.inputs[i]: arrays[i] for i in job.get("weights", ())}  # the model's constants
+        compiled = compile_with(backend, spec, device, weights)
+        compile_s = time.perf_counter() - started
         inputs = [to_tensor(x, device) for x in arrays]
         # the source model's reference is the primitive graph's values, computed by the caller
         # (checking ONNX Runtime against another ONNX Runtime session would prove nothing)
@@ -482,9 +482,10 @@ def profile(
             "key": spec.key,
             "backend": backend.name,
             "backend_class": f"{cls.__module__}:{cls.__qualname__}",
-            "spec": graph_to_json(spec.graph, blob_data.get(spec.key, {}))[0],
+            "spec": kernel_graph_json(spec.graph, blob_data.get(spec.key, {})),
             "device": options.device,
             "inputs": [values[v] for v in spec.inputs],
+            "weights": [i for i, v in enumerate(spec.inputs) if v in graph.constants],
             "phase": phase,
             "min_time": options.min_time,
         }

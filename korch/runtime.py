@@ -1,5 +1,6 @@
-"""The runtime: compiles a plan's kernels once (identical kernels share one compilation) and runs
-them in order on device tensors, releasing each buffer after its last reader."""
+"""The runtime: compiles a plan's kernels once (identical kernels share one compilation, unless
+their backend bakes in different weights) and runs them in order on device tensors, releasing
+each buffer after its last reader."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from korch.backends import all_backends, device_intervals, synchronize
+from korch.backends import all_backends, compile_with, device_intervals, synchronize
 from korch.backends.torch_ops import DTYPES
 from korch.errors import KorchError, first_line
 
@@ -25,14 +26,18 @@ class Executable:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise KorchError(f"this plan was built for {device}, and no CUDA device is available here")
         backends = all_backends()
-        compiled: dict[tuple[str, str], object] = {}
+        compiled: dict[tuple, object] = {}
         self.steps = []
         for k in plan.kernels:
-            ident = (k.spec.key, k.backend)
+            if k.backend not in backends:
+                raise KorchError(f"the plan needs backend {k.backend!r}, which this korch does not have")
+            backend = backends[k.backend]
+            # a backend that bakes weights in compiles once per set of weights
+            ident = (k.spec.key, k.backend, k.spec.inputs if backend.bakes_weights else ())
             if ident not in compiled:
-                if k.backend not in backends:
-                    raise KorchError(f"the plan needs backend {k.backend!r}, which this korch does not have")
-                compiled[ident] = backends[k.backend].compile(k.spec, device)
+                reads = zip(k.spec.graph.inputs, k.spec.inputs)
+                weights = {n: plan.weights[v] for n, v in reads if v in plan.weights}
+                compiled[ident] = compile_with(backend, k.spec, device, weights)
             self.steps.append((compiled[ident].fn, k.spec.inputs, k.spec.outputs, k.free_after))
         self.weights = {v: torch.as_tensor(np.array(a)).to(device) for v, a in plan.weights.items()}
         self.input_names = [n for n, _ in plan.inputs]

@@ -12,7 +12,6 @@ import korch
 from korch import reference
 from korch.backends import get_backends
 from korch.backends.inductor import InductorBackend
-from korch.backends.onnxrt import OnnxRuntimeBackend
 from korch.backends.torch_ops import to_tensor
 from korch.backends.vendor import VendorBackend
 from korch.candidates import make_candidate
@@ -117,7 +116,8 @@ def test_backend_matches_reference(case, backend):
     spec, inputs, want = _whole_graph_spec(case)
     reason = b.supports(spec, "cpu")
     if reason is not None:
-        assert backend != "onnxruntime" or "window" in reason, reason
+        # an average pool that does not count its padding divides by a per-position count
+        assert backend != "onnxruntime" or case == "avgpool" and "window" in reason, reason
         return
     compiled = b.compile(spec, "cpu")
     outs = compiled.fn(*[to_tensor(x) for x in inputs])
@@ -201,7 +201,3 @@ def test_inductor_fuses_softmax_into_few_kernels():
     assert compiled.kernels <= 2  # one or two loops, not seven primitives
     assert check_kernel(compiled.fn(*[torch.as_tensor(x) for x in inputs]), want, spec.graph) is None
 
-
-def test_onnxruntime_refuses_window_only():
-    spec, _, _ = _whole_graph_spec("maxpool")
-    assert "window" in OnnxRuntimeBackend().supports(spec, "cpu")

@@ -347,3 +347,72 @@ def test_a_plan_of_eager_single_primitives_verifies(model_path, tmp_path):
     assert {k.backend for k in plan.kernels} == {"eager"}
     assert all(len(k.nodes) == 1 for k in plan.kernels)
     assert plan.verify() <= 1e-4
+
+
+def test_only_a_kernel_that_is_a_plan_by_itself_lets_onnxruntime_spin(model_path, monkeypatch):
+    """ONNX Runtime's spinning thread pool is 10-30% faster run alone but fights every other
+    kernel of a plan: the whole graph as one kernel (and the source model) spin, nothing else."""
+    import onnxruntime as ort
+
+    from korch.backends.onnxrt import OnnxRuntimeBackend
+    from korch.candidates import enumerate_candidates
+    from korch.kernel import kernel_spec, runs_alone
+    from korch.pipeline import add_seeds
+
+    graph = korch.fission(model_path).graph
+    found = enumerate_candidates(graph)
+    add_seeds(graph, found)
+    whole = [c for c in found.candidates if len(c.nodes) == len(graph.nodes)]
+    assert len(whole) == 1 and runs_alone(whole[0].key)
+    assert sum(runs_alone(c.key) for c in found.candidates) == 1
+    spins = []
+    real = ort.InferenceSession
+
+    def recording(model, options, **kwargs):
+        spins.append(options.get_session_config_entry("session.intra_op.allow_spinning"))
+        return real(model, options, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    part = max((c for c in found.candidates if not runs_alone(c.key)), key=lambda c: len(c.nodes))
+    for cand in (whole[0], part):
+        OnnxRuntimeBackend().compile(kernel_spec(graph, cand), "cpu")
+    assert spins == ["1", "0"]
+
+
+def test_kernels_with_one_key_and_different_weights_each_get_their_own(tmp_path):
+    """ONNX Runtime bakes a kernel's weights in (so it can prepack them): two identical blocks
+    share one profile but not one compiled kernel, or the second would run the first's weights."""
+    rng = np.random.default_rng(0)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype("float32"), f"w{i}")
+        for i in range(2)
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "twins",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 6, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        inits,
+    )
+    path = tmp_path / "twins.onnx"
+    onnx.save(onnx_model(graph, 13), path)
+    options = OptimizeOptions(
+        backends=("onnxruntime",),
+        max_size=2,
+        seeds=False,
+        min_time=0.002,
+        progress=False,
+        cache=tmp_path / "p.db",
+    )
+    plan = optimize(path, options=options)
+    keys = [k.spec.key for k in plan.kernels]
+    assert len(keys) == 2 and keys[0] == keys[1]
+    assert plan.verify() <= 1e-4
+    plan.save(tmp_path / "plan")
+    assert korch.load(tmp_path / "plan").verify() <= 1e-4

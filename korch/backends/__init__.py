@@ -2,13 +2,16 @@
 
 A backend answers `supports(spec)` with None (yes) or a reason, and `compile(spec, device)` with a
 CompiledKernel whose `fn(*inputs)` takes and returns torch tensors on the device, inputs in the
-order of `spec.graph.inputs`. Compilation may raise anything: the profiler records it as a failure."""
+order of `spec.graph.inputs`. Compilation may raise anything: the profiler records it as a failure.
+A backend that `bakes_weights` is also given the values of the inputs that are the model's
+constants, and compiles them in (its kernel then serves only kernels reading those weights)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from korch.kernel import KernelSpec
@@ -23,6 +26,9 @@ torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
 
 
+Weights = Mapping[str, np.ndarray]  # kernel input name -> the model's constant it reads
+
+
 @dataclass
 class CompiledKernel:
     fn: Callable[..., list[torch.Tensor]]
@@ -33,6 +39,7 @@ class Backend:
     name = "?"
     selectable = True  # False for the reference: it checks the others but is never chosen
     default_on: tuple[str, ...] = ("cpu", "cuda")  # device kinds where it is used unless named
+    bakes_weights = False  # compile() takes a third argument: the values of the weights the kernel reads
 
     def version(self) -> str:
         raise NotImplementedError
@@ -40,8 +47,15 @@ class Backend:
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         raise NotImplementedError
 
-    def compile(self, spec: KernelSpec, device: str) -> CompiledKernel:
+    def compile(self, spec: KernelSpec, device: str, weights: Weights | None = None) -> CompiledKernel:
+        """`weights`: for a backend that bakes them, some of spec.graph.inputs' values (fn still
+        takes every input)."""
         raise NotImplementedError
+
+
+def compile_with(backend: Backend, spec: KernelSpec, device: str, weights: Weights) -> CompiledKernel:
+    """backend.compile, given the weights when it bakes them in (the others take two arguments)."""
+    return backend.compile(spec, device, weights) if backend.bakes_weights else backend.compile(spec, device)
 
 
 def source_digest(*modules) -> str:
