@@ -9,9 +9,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from korch.backends import synchronize
 from korch.errors import KorchError
 from korch.plan import Plan
+from korch.runtime import interleave
 
 TORCH_MODES = {  # peer name -> torch.compile mode (None: eager PyTorch)
     "eager": None,
@@ -138,7 +138,7 @@ def bench(
     for fn in systems.values():
         for _ in range(warmup):
             fn()
-    samples = _interleave(systems, rounds, block_s, plan.device, round_pause_s=round_pause_s)
+    samples = interleave(systems, rounds, block_s, plan.device, round_pause_s=round_pause_s)
     results = {
         name: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s)}
         for name, s in samples.items()
@@ -155,30 +155,3 @@ def bench(
         "predicted_ms": plan.predicted_ms,
         "rounds": rounds,
     }
-
-
-def _interleave(
-    systems: dict[str, Callable], rounds: int, block_s: float, device: str, pause_s=0.02, round_pause_s=0.0
-):
-    samples: dict[str, list[float]] = {name: [] for name in systems}
-    order = list(systems.items())
-    for r in range(rounds):
-        if r:
-            time.sleep(round_pause_s)
-        # interleaved blocks (A B C, then C B A, ...), so drift on a shared machine hits every
-        # system alike and no system always follows the same one; a pause lets the previous
-        # block's spinning thread pools go idle; the first call of each block is dropped: it
-        # pays for waking a thread pool, which says more about the switch than about the system
-        for name, fn in order if r % 2 == 0 else order[::-1]:
-            time.sleep(pause_s)
-            block_end = time.perf_counter() + block_s
-            calls = 0
-            while calls < 4 or time.perf_counter() < block_end:
-                synchronize(device)
-                start = time.perf_counter()
-                fn()
-                synchronize(device)
-                if calls:
-                    samples[name].append((time.perf_counter() - start) * 1e3)
-                calls += 1
-    return samples

@@ -164,3 +164,32 @@ class Executable:
     def run_numpy(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outs = self(**feeds)
         return {name: out for (_, name), out in zip(self.plan.outputs, outs)}
+
+
+def interleave(
+    systems: dict[str, Callable], rounds: int, block_s: float, device: str, pause_s=0.02, round_pause_s=0.0
+):
+    """Milliseconds of each call of each system (name -> list), timed side by side: `rounds` rounds,
+    in each a block of at least block_s seconds (and 4 calls) per system."""
+    samples: dict[str, list[float]] = {name: [] for name in systems}
+    order = list(systems.items())
+    for r in range(rounds):
+        if r:
+            time.sleep(round_pause_s)
+        # interleaved blocks (A B C, then C B A, ...), so drift on a shared machine hits every
+        # system alike and no system always follows the same one; a pause lets the previous
+        # block's spinning thread pools go idle; the first call of each block is dropped: it
+        # pays for waking a thread pool, which says more about the switch than about the system
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            time.sleep(pause_s)
+            block_end = time.perf_counter() + block_s
+            calls = 0
+            while calls < 4 or time.perf_counter() < block_end:
+                synchronize(device)
+                start = time.perf_counter()
+                fn()
+                synchronize(device)
+                if calls:
+                    samples[name].append((time.perf_counter() - start) * 1e3)
+                calls += 1
+    return samples
