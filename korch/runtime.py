@@ -32,11 +32,11 @@ class Executable:
             if k.backend not in backends:
                 raise KorchError(f"the plan needs backend {k.backend!r}, which this korch does not have")
             backend = backends[k.backend]
+            reads = [(n, v) for n, v in zip(k.spec.graph.inputs, k.spec.inputs) if v in plan.weights]
             # a backend that bakes weights in compiles once per set of weights
-            ident = (k.spec.key, k.backend, k.spec.inputs if backend.bakes_weights else ())
+            ident = (k.spec.key, k.backend, tuple(reads) if backend.bakes_weights else ())
             if ident not in compiled:
-                reads = zip(k.spec.graph.inputs, k.spec.inputs)
-                weights = {n: plan.weights[v] for n, v in reads if v in plan.weights}
+                weights = {n: plan.weights[v] for n, v in reads}
                 compiled[ident] = compile_with(backend, k.spec, device, weights)
             self.steps.append((compiled[ident].fn, k.spec.inputs, k.spec.outputs, k.free_after))
         self.weights = {v: torch.as_tensor(np.array(a)).to(device) for v, a in plan.weights.items()}

@@ -2,9 +2,11 @@
 kernel, and ONNX Runtime running it agrees with the reference executor on the primitives."""
 
 import numpy as np
+import onnx
 import pytest
 import torch
-from helpers import Const, one_node_model, rand
+from helpers import Const, check_model, one_node_model, onnx_model, rand
+from onnx import helper, numpy_helper
 
 import korch
 from korch import reference
@@ -156,38 +158,46 @@ def test_other_nearest_resizes_stay_gathers_and_agree(scales):
     _run_and_check(spec, inputs)
 
 
+_SCALES = numpy_helper.from_array(np.array([1, 1, 2, 2], "float32"), "scales")
+
+
+def _nearest_2x(x, y):
+    return helper.make_node(
+        "Resize",
+        [x, "", "scales"],
+        [y],
+        mode="nearest",
+        nearest_mode="floor",
+        coordinate_transformation_mode="asymmetric",
+    )
+
+
+def _model(nodes, initializers, x_shape, opset):
+    """One float input x, one output y."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializers,
+    )
+    return onnx_model(graph, opset)
+
+
 def test_fused_export_agrees_on_a_model_of_many_patterns():
     """Conv -> HardSwish -> MaxPool -> Clip -> nearest 2x -> LeakyRelu, one kernel."""
-    from helpers import check_model, onnx_model
-    from onnx import helper, numpy_helper
 
     w = numpy_helper.from_array(rand(4, 3, 3, 3, seed=1), "w")
     lo, hi = numpy_helper.from_array(np.float32(-0.3), "lo"), numpy_helper.from_array(np.float32(0.4), "hi")
-    sc = numpy_helper.from_array(np.array([1, 1, 2, 2], "float32"), "sc")
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
         helper.make_node("HardSwish", ["c"], ["h"]),
         helper.make_node("MaxPool", ["h"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Clip", ["p", "lo", "hi"], ["k"]),
-        helper.make_node(
-            "Resize",
-            ["k", "", "sc"],
-            ["r"],
-            mode="nearest",
-            nearest_mode="floor",
-            coordinate_transformation_mode="asymmetric",
-        ),
-        helper.make_node("LeakyRelu", ["r"], ["y"], alpha=0.1),
+        _nearest_2x("k", "y2"),
+        helper.make_node("LeakyRelu", ["y2"], ["y"], alpha=0.1),
     ]
-    f32 = 1  # onnx.TensorProto.FLOAT
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", f32, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", f32, None)],
-        [w, lo, hi, sc],
-    )
-    model = onnx_model(graph, 14)
+    model = _model(nodes, [w, lo, hi, _SCALES], [1, 3, 8, 8], 14)
     feeds = {"x": rand(1, 3, 8, 8, low=-2, high=2)}
     check_model(model, feeds)
     spec, inputs = _export(model, feeds)
@@ -199,34 +209,17 @@ def test_fused_export_agrees_on_a_model_of_many_patterns():
 def test_optimize_profiles_upsampling_kernels_and_the_plan_reloads(tmp_path):
     """A gather's index array (24 elements here) is part of its kernel: it travels to the
     profiling workers and into the saved plan, and ONNX Runtime runs the kernel as a Resize."""
-    from helpers import onnx_model
-    from onnx import helper, numpy_helper
 
     from korch.pipeline import OptimizeOptions, optimize
 
     w = numpy_helper.from_array(rand(2, 2, 1, 1, seed=1), "w")
-    sc = numpy_helper.from_array(np.array([1, 1, 2, 2], "float32"), "sc")
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"]),
         helper.make_node("Relu", ["c"], ["r"]),
-        helper.make_node(
-            "Resize",
-            ["r", "", "sc"],
-            ["y"],
-            mode="nearest",
-            nearest_mode="floor",
-            coordinate_transformation_mode="asymmetric",
-        ),
+        _nearest_2x("r", "y"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", 1, [1, 2, 12, 12])],
-        [helper.make_tensor_value_info("y", 1, None)],
-        [w, sc],
-    )
     path = tmp_path / "m.onnx"
-    path.write_bytes(onnx_model(graph, 13).SerializeToString())
+    path.write_bytes(_model(nodes, [w, _SCALES], [1, 2, 12, 12], 13).SerializeToString())
     options = OptimizeOptions(
         backends=("onnxruntime",), min_time=0.002, progress=False, cache=tmp_path / "p.sqlite", seeds=False
     )
