@@ -12,6 +12,7 @@ import korch
 from korch import reference
 from korch.backends import get_backends
 from korch.backends.inductor import InductorBackend
+from korch.backends.onnxrt import OnnxRuntimeBackend
 from korch.backends.torch_ops import to_tensor
 from korch.backends.vendor import VendorBackend
 from korch.candidates import make_candidate
@@ -201,3 +202,21 @@ def test_inductor_fuses_softmax_into_few_kernels():
     assert compiled.kernels <= 2  # one or two loops, not seven primitives
     assert check_kernel(compiled.fn(*[torch.as_tensor(x) for x in inputs]), want, spec.graph) is None
 
+
+
+def test_onnxruntime_keeps_a_broadcast_that_only_a_unary_primitive_reads():
+    """ONNX broadcasts implicitly only between operands: exp(broadcast(x)) must stay expanded."""
+    from korch.ir import GraphBuilder
+    from korch.prims import Prim, TensorType
+
+    b = GraphBuilder()
+    x = b.input("x", TensorType((1, 4), "float32"))
+    wide = b.emit(Prim.BROADCAST, [x], shape=(3, 4))[0]
+    y = b.emit(Prim.EXP, [wide])[0]
+    z = b.emit(Prim.ADD, [y, b.emit(Prim.BROADCAST, [x], shape=(3, 4))[0]])[0]
+    graph = b.build([y, z], ["y", "z"])
+    spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
+    xs = rand(1, 4)
+    want = reference.run(spec.graph, {spec.graph.inputs[0]: xs})
+    outs = OnnxRuntimeBackend().compile(spec, "cpu").fn(torch.as_tensor(xs))
+    assert check_kernel(outs, want, spec.graph) is None

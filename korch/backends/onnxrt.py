@@ -89,14 +89,20 @@ class _Writer:
 
 
 def _elidable_broadcasts(graph: Graph) -> set[str]:
-    """Broadcast outputs read only by elementwise primitives: ONNX broadcasts implicitly."""
+    """Broadcast outputs read only by elementwise primitives that have another operand of the
+    full shape: ONNX broadcasts implicitly there (a unary reader would keep the small shape)."""
     readers = graph.consumers()
+    broadcasts = {n.outputs[0] for n in graph.nodes if n.prim is Prim.BROADCAST}
+
+    def restored(reader, v: str) -> bool:
+        full = graph.types[reader.outputs[0]].shape
+        return any(u != v and u not in broadcasts and graph.types[u].shape == full for u in reader.inputs)
+
     return {
-        n.outputs[0]
-        for n in graph.nodes
-        if n.prim is Prim.BROADCAST
-        and n.outputs[0] not in graph.outputs
-        and all(r.kind is Kind.ELEMENTWISE for r in readers.get(n.outputs[0], []))
+        v
+        for v in broadcasts
+        if v not in graph.outputs
+        and all(r.kind is Kind.ELEMENTWISE and restored(r, v) for r in readers.get(v, []))
     }
 
 
