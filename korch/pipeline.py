@@ -252,7 +252,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
                 deltas.setdefault(k.backend, []).append(ms - alone.cost_ms)
         extra.update({b: statistics.median(d) for b, d in deltas.items()})
 
-    best, seen, history, measured_plans = None, set(), [], []
+    best, seen, measured_plans = None, set(), []
 
     def chosen(solution: Solution) -> frozenset:
         return frozenset((c.candidate.key, c.backend) for c in solution.chosen)
@@ -262,14 +262,6 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         seen.add(chosen(solution))
         plan = make_plan(solution)
         measured = plan.meta["measured"] = measure_in_place(plan, spread_s=options.min_time * SPREAD)
-        history.append(
-            {
-                "kernels": len(plan.kernels),
-                "predicted_ms": plan.predicted_ms,
-                "measured_ms": measured["ms"],
-                "min_ms": measured["min_ms"],
-            }
-        )
         measured_plans.append((plan, solution))
         # minima: a shared machine's interference inflates medians of a few runs, never minima
         if best is None or measured["min_ms"] < best[0].meta["measured"]["min_ms"]:
@@ -295,7 +287,15 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         except Exception as e:  # built and run here, not in a worker: out of memory, say
             log.warning("korch: a whole-graph plan could not be measured in place (%s)", first_line(e, 160))
     best, runoff = _runoff(best, measured_plans, options.min_time * SPREAD)
-    best[0].meta["refine"] = history
+    best[0].meta["refine"] = [
+        {
+            "kernels": len(plan.kernels),
+            "predicted_ms": plan.predicted_ms,
+            "measured_ms": plan.meta["measured"]["ms"],
+            "min_ms": plan.meta["measured"]["min_ms"],
+        }
+        for plan, _ in measured_plans
+    ]
     best[0].meta["runoff"] = runoff
     best[0].meta["extra_ms_per_kernel"] = {b: round(v, 6) for b, v in extra.items()}
     return best

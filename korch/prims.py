@@ -500,6 +500,15 @@ _define(
 )
 
 
+def repeat_factor(index: np.ndarray | None, extent: int) -> int | None:
+    """s >= 2 when a gather's constant index repeats each of `extent` positions s times in order
+    ([0]*s + [1]*s + ...: a nearest-neighbour upsampling by s), else None."""
+    if index is None or index.ndim != 1 or extent <= 0 or len(index) % extent:
+        return None
+    s = len(index) // extent
+    return s if s >= 2 and np.array_equal(index, np.arange(len(index)) // s) else None
+
+
 def _window_infer(types, attrs):
     """Sliding windows over the last len(kernel) axes: [..., *spatial] -> [..., *out, *kernel]."""
     _arity(types, 1, "window")

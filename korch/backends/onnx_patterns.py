@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from korch.ir import Graph, Node
-from korch.prims import Prim
+from korch.prims import Prim, repeat_factor
 
 
 @dataclass(frozen=True)
@@ -209,13 +209,9 @@ def _average_pool(view: _View, i: int, node: Node) -> Fused | None:
 def _nearest_factor(view: _View, node: Node) -> tuple[str, int, int] | None:
     """(x, axis, s) when the gather repeats every index of x along axis s times (nearest upsampling
     by an integer factor)."""
-    index = view.graph.constants.get(node.inputs[1])
     x, axis = node.inputs[0], node.a["axis"]
-    size = view.graph.types[x].shape[axis] if index is not None and index.ndim == 1 else 0
-    if not size or len(index) % size or len(index) == size:
-        return None
-    factor = len(index) // size
-    return (x, axis, factor) if np.array_equal(index, np.arange(len(index)) // factor) else None
+    factor = repeat_factor(view.graph.constants.get(node.inputs[1]), view.graph.types[x].shape[axis])
+    return None if factor is None else (x, axis, factor)
 
 
 def _nearest_resize(view: _View, i: int, node: Node) -> Fused | None:

@@ -53,10 +53,9 @@ def fold_space_to_depth(graph: Graph, timer: Timing) -> tuple[Graph, list[str]]:
     return rewrite_all(graph, attempt)
 
 
-def _strided_view(graph: Graph, v: str) -> tuple[str, list[int], list[int], list[int], list[int]] | None:
-    """(x, starts, steps, sizes, slice nodes) of a chain of slices from x to v (forward steps)."""
-    producers = graph.producers()
-    index = {n.outputs[0]: i for i, n in enumerate(graph.nodes)}
+def _strided_view(producers: dict, index: dict, v: str) -> tuple[str, list, list, list, list] | None:
+    """(x, starts, steps, sizes, slice nodes) of a chain of slices from x to v (forward steps);
+    `producers` and `index` map a value to its node and to that node's position."""
     starts, steps, nodes = None, None, []
     while (s := producers.get(v)) is not None and s.prim is Prim.SLICE:
         a = s.a
@@ -77,13 +76,15 @@ def _match(graph: Graph, node: Node) -> _Match | None:
     if not unit_conv(graph, node) or node.a["group"] != 1:
         return None
     cat_value = node.inputs[0]
-    cat = graph.producers().get(cat_value)
+    producers = graph.producers()
+    cat = producers.get(cat_value)
     readers = graph.consumers().get(cat_value, [])
     if cat is None or cat.prim is not Prim.CONCAT or cat.a["axis"] != 1 or len(readers) != 1:
         return None
     if cat_value in graph.outputs:
         return None
-    views = [_strided_view(graph, v) for v in cat.inputs]
+    index = {n.outputs[0]: i for i, n in enumerate(graph.nodes)}
+    views = [_strided_view(producers, index, v) for v in cat.inputs]
     if any(view is None for view in views) or len({view[0] for view in views}) != 1:
         return None
     x = views[0][0]
@@ -109,7 +110,6 @@ def _match(graph: Graph, node: Node) -> _Match | None:
         phases.append(phase)
     if sorted(phases) != sorted(itertools.product(*(range(s) for s in steps))):
         return None
-    index = {n.outputs[0]: i for i, n in enumerate(graph.nodes)}
     slices = sorted({i for view in views for i in view[4]})
     return _Match(x, steps, tuple(phases), (*slices, index[cat_value]))
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from korch.ir import Graph, Node
-from korch.prims import Prim
+from korch.prims import Prim, repeat_factor
 from korch.rewrite.common import (
     FASTER,
     GAIN,
@@ -99,12 +99,9 @@ def _match(graph: Graph, node: Node) -> _Match | None:
         v = pad.inputs[0]
     scales = [1] * nd
     while (g := producers.get(v)) is not None and g.prim is Prim.GATHER and private(v):
-        d, idx = g.a["axis"] - 2, graph.constants.get(g.inputs[1])
-        extent = graph.types[g.inputs[0]].shape[g.a["axis"]] if d >= 0 else 0
-        if d < 0 or scales[d] != 1 or idx is None or idx.ndim != 1 or extent == 0 or len(idx) % extent:
-            break
-        s = len(idx) // extent
-        if s < 2 or not np.array_equal(idx, np.arange(len(idx)) // s):
+        d = g.a["axis"] - 2
+        s = repeat_factor(graph.constants.get(g.inputs[1]), graph.types[g.inputs[0]].shape[g.a["axis"]])
+        if d < 0 or scales[d] != 1 or s is None:
             break
         scales[d] = s
         chain.append(index[v])
