@@ -72,33 +72,94 @@ CASES = {
         ),
         "Resize",
     ),
+    # (shapes large enough that the broadcasts of weights stay broadcasts, as in real models)
+    "linear_resize": (
+        (
+            "Resize",
+            [rand(1, 2, 5, 6), None, Const(np.array([1, 1, 2, 1.5], "float32"))],
+            {"mode": "linear"},
+            13,
+        ),
+        "Resize",
+    ),
+    "linear_resize_align_corners": (
+        (
+            "Resize",
+            [rand(1, 3, 4, 5), None, None, Const(np.array([1, 3, 7, 9], "int64"))],
+            {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+            13,
+        ),
+        "Resize",
+    ),
+    "linear_resize_one_axis_asymmetric": (
+        (
+            "Resize",
+            [rand(2, 2, 4, 6), None, Const(np.array([1, 1, 1, 2], "float32"))],
+            {"mode": "linear", "coordinate_transformation_mode": "asymmetric"},
+            13,
+        ),
+        "Resize",
+    ),
+    "linear_resize_3d": (
+        (
+            "Resize",
+            [rand(1, 2, 3, 4, 4), None, Const(np.array([1, 1, 2, 2, 2], "float32"))],
+            {"mode": "linear"},
+            13,
+        ),
+        "Resize",
+    ),
+    "softmax": (("Softmax", [rand(3, 4, 10)], {"axis": 1}, 13), "Softmax"),
+    "layer_norm": (
+        ("LayerNormalization", [rand(2, 5, 16), Const(rand(16, seed=1)), Const(rand(16, seed=2))], {}, 17),
+        "LayerNormalization",
+    ),
+    "layer_norm_two_axes_no_bias": (
+        (
+            "LayerNormalization",
+            [rand(2, 5, 4, 8), Const(rand(4, 8, seed=1))],
+            {"axis": 2, "epsilon": 1e-3},
+            17,
+        ),
+        "LayerNormalization",
+    ),
+    "instance_norm": (
+        ("InstanceNormalization", [rand(2, 3, 5, 6), Const(rand(3, seed=1)), Const(rand(3, seed=2))], {}, 6),
+        "InstanceNormalization",
+    ),
 }
 
 
 def _export(model, feeds):
+    """The whole primitive graph as one kernel, its inputs, and the weights among them (the
+    model's constants), as the profiler hands them to a backend that bakes weights in."""
     graph = korch.fission(model).graph
     spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
     env = {**graph.constants, **feeds}
-    return spec, [env[v] for v in spec.inputs]
+    weights = {n: graph.constants[v] for n, v in zip(spec.graph.inputs, spec.inputs) if v in graph.constants}
+    return spec, [env[v] for v in spec.inputs], weights
 
 
-def _run_and_check(spec, inputs):
+def _written(spec, weights=None) -> list[str]:
+    return [n.op_type for n in to_onnx(spec.graph, weights).graph.node if n.op_type != "Identity"]
+
+
+def _run_and_check(spec, inputs, weights=None):
     want = reference.run(spec.graph, dict(zip(spec.graph.inputs, inputs)))
     assert OnnxRuntimeBackend().supports(spec, "cpu") is None
-    compiled = OnnxRuntimeBackend().compile(spec, "cpu")
-    assert (
-        check_kernel(compiled.fn(*[torch.as_tensor(np.array(x)) for x in inputs]), want, spec.graph) is None
-    )
+    compiled = OnnxRuntimeBackend().compile(spec, "cpu", weights)
+    fed = [torch.as_tensor(np.array(x)) for x in inputs]
+    assert check_kernel(compiled.fn(*fed), want, spec.graph) is None
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_pattern_is_written_as_its_onnx_operator(case):
     (op, ins, attrs, opset), fused_op = CASES[case]
     model, feeds = one_node_model(op, ins, attrs, opset)
-    spec, inputs = _export(model, feeds)
-    written = [n.op_type for n in to_onnx(spec.graph).graph.node if n.op_type != "Identity"]
+    spec, inputs, weights = _export(model, feeds)
+    written = _written(spec, weights)
     assert written == [fused_op], written
-    _run_and_check(spec, inputs)
+    _run_and_check(spec, inputs, weights)
 
 
 def _hard_sigmoid_graph(extra_output: bool):
@@ -152,10 +213,9 @@ def test_other_nearest_resizes_stay_gathers_and_agree(scales):
         {"mode": "nearest", "nearest_mode": "floor", "coordinate_transformation_mode": "asymmetric"},
         13,
     )
-    spec, inputs = _export(model, feeds)
-    written = [n.op_type for n in to_onnx(spec.graph).graph.node]
-    assert "Gather" in written
-    _run_and_check(spec, inputs)
+    spec, inputs, weights = _export(model, feeds)
+    assert "Gather" in _written(spec, weights)
+    _run_and_check(spec, inputs, weights)
 
 
 _SCALES = numpy_helper.from_array(np.array([1, 1, 2, 2], "float32"), "scales")
@@ -200,10 +260,9 @@ def test_fused_export_agrees_on_a_model_of_many_patterns():
     model = _model(nodes, [w, lo, hi, _SCALES], [1, 3, 8, 8], 14)
     feeds = {"x": rand(1, 3, 8, 8, low=-2, high=2)}
     check_model(model, feeds)
-    spec, inputs = _export(model, feeds)
-    written = [n.op_type for n in to_onnx(spec.graph).graph.node if n.op_type != "Identity"]
-    assert written == ["Conv", "HardSwish", "MaxPool", "Clip", "Resize", "LeakyRelu"]
-    _run_and_check(spec, inputs)
+    spec, inputs, weights = _export(model, feeds)
+    assert _written(spec, weights) == ["Conv", "HardSwish", "MaxPool", "Clip", "Resize", "LeakyRelu"]
+    _run_and_check(spec, inputs, weights)
 
 
 def test_optimize_profiles_upsampling_kernels_and_the_plan_reloads(tmp_path):
@@ -233,3 +292,169 @@ def test_optimize_profiles_upsampling_kernels_and_the_plan_reloads(tmp_path):
     again = korch.load(tmp_path / "plan")
     x = rand(1, 2, 12, 12, seed=3)
     np.testing.assert_array_equal(again(x)[0], plan(x)[0])
+
+
+def _exported(model, feeds):
+    check_model(model, feeds)  # the fission itself agrees with ONNX Runtime
+    spec, inputs, weights = _export(model, feeds)
+    _run_and_check(spec, inputs, weights)
+    return _written(spec, weights)
+
+
+def test_a_linear_resize_is_written_back_only_when_its_taps_are_resizes():
+    # scale 1.5 from 5 rows gives 7 rows, which Resize to 7 rows (scale 1.4) does not sample alike
+    model, feeds = one_node_model(
+        "Resize", [rand(1, 2, 5, 4), None, Const(np.array([1, 1, 1.5, 1], "float32"))], {"mode": "linear"}, 13
+    )
+    assert "Gather" in _exported(model, feeds)
+    # the weights unknown (a kernel given them as inputs only): the gathers stay too
+    (op, ins, attrs, opset), _ = CASES["linear_resize"]
+    spec, inputs, weights = _export(*one_node_model(op, ins, attrs, opset))
+    assert "Resize" in _written(spec, weights) and "Resize" not in _written(spec, None)
+    _run_and_check(spec, inputs, None)
+
+
+def _softmax_model(max_axis: int = 1, exp_read_elsewhere: bool = False):
+    """exp(x - max(x)) / sum(exp(x - max(x))) over axis 1 of x [3, 20], written out."""
+    nodes = [
+        helper.make_node("ReduceMax", ["x"], ["m"], axes=[max_axis]),
+        helper.make_node("Sub", ["x", "m"], ["d"]),
+        helper.make_node("Exp", ["d"], ["e"]),
+        helper.make_node("ReduceSum", ["e", "axes"], ["s"]),
+        helper.make_node("Div", ["e", "s"], ["y"]),
+        helper.make_node("Neg", ["e"], ["ne"]),
+    ]
+    outs = ["y", "ne"] if exp_read_elsewhere else ["y"]
+    graph = helper.make_graph(
+        nodes if exp_read_elsewhere else nodes[:-1],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 20])],
+        [helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, None) for v in outs],
+        [numpy_helper.from_array(np.array([1], "int64"), "axes")],
+    )
+    return onnx_model(graph, 13), {"x": rand(3, 20)}
+
+
+def test_softmax_patterns_read_only_what_they_compute():
+    assert _exported(*_softmax_model()) == ["Softmax"]
+    # the exponential is read outside the pattern as well: computed once, as Exp
+    written = _exported(*_softmax_model(exp_read_elsewhere=True))
+    assert "Exp" in written and "Softmax" not in written
+    # the maximum over another axis than the sum: not a softmax
+    assert "Softmax" not in _exported(*_softmax_model(max_axis=0))
+
+
+def _decomposed_layer_norm(axis: int, reciprocal: bool, variant: str = ""):
+    """LayerNorm as PyTorch's exporter writes BERT's (ReduceMean, Sub, Pow, Sqrt, Div), or with
+    a reciprocal and a product; over one axis of x [2, 6, 24]. Variants that are something else:
+    the mean returned too, the centred value read elsewhere, the mean of another tensor (z) or
+    over another axis, a sum scaled by other than one over its count, the variance of d * x."""
+    nodes = [
+        helper.make_node("ReduceSum", ["x", "axes"], ["sum"]),
+        helper.make_node("Mul", ["sum", "tenth"], ["scaled"]),
+        helper.make_node(
+            "ReduceMean",
+            ["z" if variant == "mean of z" else "x"],
+            ["mean"],
+            axes=[1 if variant == "other axis" else axis],
+        ),
+        helper.make_node("Sub", ["x", "scaled" if variant == "scaled sum" else "mean"], ["d"]),
+        helper.make_node("Mul", ["d", "x"], ["sq"])
+        if variant == "d * x"
+        else helper.make_node("Pow", ["d", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[axis]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["std"]),
+    ]
+    if reciprocal:
+        nodes += [
+            helper.make_node("Reciprocal", ["std"], ["inv"]),
+            helper.make_node("Mul", ["d", "inv"], ["n"]),
+        ]
+    else:
+        nodes.append(helper.make_node("Div", ["d", "std"], ["n"]))
+    nodes += [helper.make_node("Mul", ["g", "n"], ["gn"]), helper.make_node("Add", ["gn", "b"], ["y"])]
+    nodes.append(helper.make_node("Neg", ["d"], ["nd"]))
+    param = [1] * 3
+    param[axis] = [2, 6, 24][axis]
+    inits = [
+        numpy_helper.from_array(np.float32(2), "two"),
+        numpy_helper.from_array(np.float32(1e-5), "eps"),
+        numpy_helper.from_array(rand(*param, seed=1), "g"),
+        numpy_helper.from_array(rand(*param, seed=2), "b"),
+        numpy_helper.from_array(np.float32(0.1), "tenth"),
+        numpy_helper.from_array(np.array([axis], "int64"), "axes"),
+    ]
+    outs = {"mean returned": ["y", "mean"], "centred read elsewhere": ["y", "nd"]}.get(variant, ["y"])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, [2, 6, 24]) for v in ("x", "z")],
+        [helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, None) for v in outs],
+        inits,
+    )
+    return onnx_model(graph, 13), {"x": rand(2, 6, 24, low=-3, high=5), "z": rand(2, 6, 24, seed=3)}
+
+
+@pytest.mark.parametrize("reciprocal", [False, True])
+def test_a_decomposed_layer_norm_is_written_as_one(reciprocal):
+    assert _exported(*_decomposed_layer_norm(2, reciprocal)) == ["LayerNormalization"]
+
+
+def test_normalizations_that_onnx_cannot_express_stay_primitives():
+    # over the middle axis: neither the last axes nor every axis after N and C
+    assert "ReduceSum" in _exported(*_decomposed_layer_norm(1, reciprocal=True))
+
+
+@pytest.mark.parametrize(
+    "variant", ["mean returned", "centred read elsewhere", "mean of z", "other axis", "scaled sum", "d * x"]
+)
+def test_what_only_looks_like_a_layer_norm_stays_primitives(variant):
+    written = _exported(*_decomposed_layer_norm(2, reciprocal=variant == "other axis", variant=variant))
+    assert "LayerNormalization" not in written and "InstanceNormalization" not in written
+
+
+def test_slices_tiling_an_axis_are_written_as_one_split():
+    model, feeds = one_node_model("Split", [rand(2, 9, 4), Const(np.array([2, 3, 4]))], {"axis": 1}, 13, 3)
+    assert _exported(model, feeds) == ["Split"]
+    # two pieces that leave the middle out stay slices
+    nodes = [
+        helper.make_node("Slice", ["x", "s0", "e0", "ax"], ["a"]),
+        helper.make_node("Slice", ["x", "s1", "e1", "ax"], ["b"]),
+        helper.make_node("Concat", ["b", "a"], ["y"], axis=1),
+    ]
+    consts = {"s0": [0], "e0": [2], "s1": [5], "e1": [9], "ax": [1]}
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 9, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(v, "int64"), k) for k, v in consts.items()],
+    )
+    assert _exported(onnx_model(graph, 13), {"x": rand(2, 9, 4)}) == ["Slice", "Slice", "Concat"]
+    # two pieces that leave the end out stay slices too
+    consts.update(s1=[2], e1=[5])
+    graph.ClearField("initializer")
+    graph.initializer.extend(numpy_helper.from_array(np.array(v, "int64"), k) for k, v in consts.items())
+    assert _exported(onnx_model(graph, 13), {"x": rand(2, 9, 4)}) == ["Slice", "Slice", "Concat"]
+
+
+@pytest.mark.parametrize("varies_along_rows", [False, True])
+def test_a_lerp_whose_weights_vary_along_another_axis_is_no_resize(varies_along_rows):
+    from korch.frontend.rules_pool import linear_taps, source_coords
+
+    lo, hi, w = linear_taps(source_coords("half_pixel", 8, 4, 2.0), 4, "float32")
+    weights = np.broadcast_to(w, (1, 2, 4, 8)).copy()
+    if varies_along_rows:
+        weights += 0.01 * np.arange(4, dtype="float32")[:, None]
+    b = GraphBuilder()
+    x = b.input("x", TensorType((1, 2, 4, 4), "float32"))
+    g0 = b.emit(Prim.GATHER, [x, b.const(lo)], axis=3)[0]
+    g1 = b.emit(Prim.GATHER, [x, b.const(hi)], axis=3)[0]
+    diff = b.emit(Prim.SUB, [g1, g0])[0]
+    step = b.emit(Prim.MUL, [diff, b.const(weights)])[0]
+    graph = b.build([b.emit(Prim.ADD, [g0, step])[0]], ["y"])
+    spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
+    known = {n: graph.constants[v] for n, v in zip(spec.graph.inputs, spec.inputs) if v in graph.constants}
+    assert ("Resize" in _written(spec, known)) != varies_along_rows
+    _run_and_check(spec, [rand(1, 2, 4, 4) if v == "x" else graph.constants[v] for v in spec.inputs], known)

@@ -1,17 +1,21 @@
 """Primitive patterns written back as the ONNX operator they were split from (Relu, Clip,
-HardSigmoid, HardSwish, LeakyRelu, MaxPool, AveragePool, nearest Resize), so that ONNX Runtime's
-own fusions apply to a kernel graph as they do to the source model. Its NCHWc convolutions take
-Relu, Clip, HardSigmoid and HardSwish as fused activations but not their primitives, and a Max or
-Min left between two convolutions costs two layout conversions besides its own pass
-(EfficientViT: 16.8 ms as primitives against 12.3 ms for the source model; 10.6 ms fused)"""
+HardSigmoid, HardSwish, LeakyRelu, MaxPool, AveragePool, Resize, Softmax, LayerNormalization,
+InstanceNormalization, Split), so that ONNX Runtime's own kernels and fusions apply to a kernel
+graph as they do to the source model. Its NCHWc convolutions take Relu, Clip, HardSigmoid and
+HardSwish as fused activations but not their primitives, and a Max or Min left between two
+convolutions costs two layout conversions besides its own pass (EfficientViT: 16.8 ms as
+primitives against 12.3 ms for the source model; 10.6 ms fused). Its Gather along an inner axis is
+slow: Segformer's four bilinear resizes took 24 ms as gathers and lerps, 2.7 ms as Resize."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from korch.frontend.rules_pool import COORDINATE_MODES, linear_taps, source_coords
 from korch.ir import Graph, Node
 from korch.prims import Prim, repeat_factor
 
@@ -19,35 +23,58 @@ from korch.prims import Prim, repeat_factor
 @dataclass(frozen=True)
 class Fused:
     """One ONNX operator standing for the primitives `absorbed` (its root included): `inputs` are
-    the graph's values, `consts` constant inputs appended after them."""
+    the graph's values or constant arrays ("" an omitted optional input)."""
 
     op: str
-    inputs: tuple[str, ...]
+    inputs: tuple[str | np.ndarray, ...]
     absorbed: frozenset[int]
     attrs: dict = field(default_factory=dict)
-    consts: tuple[np.ndarray, ...] = ()
 
 
 class _View:
     """The questions a pattern asks of the graph."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray] | None = None):
         self.graph = graph
+        self.weights = weights or {}
         self.index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
-        self.uses: dict[str, int] = {}
-        for n in graph.nodes:
+        self.readers: dict[str, list[int]] = {}
+        for i, n in enumerate(graph.nodes):
             for v in n.inputs:
-                self.uses[v] = self.uses.get(v, 0) + 1
+                self.readers.setdefault(v, []).append(i)
         self.taken: set[int] = set()
 
     def inner(self, v: str, *prims: Prim) -> tuple[int, Node] | None:
         """The node producing v when the pattern may swallow it: one of `prims`, read once, not a
         kernel output, not already inside another pattern."""
+        return self.shared(v, *prims) if len(self.readers.get(v, ())) == 1 else None
+
+    def shared(self, v: str, *prims: Prim) -> tuple[int, Node] | None:
+        """As `inner`, for a value the pattern reads more than once (`fuse` checks that nothing
+        outside the pattern reads it)."""
         i = self.index.get(v)
-        if i is None or i in self.taken or self.uses.get(v) != 1 or v in self.graph.outputs:
+        if i is None or i in self.taken or v in self.graph.outputs:
             return None
         node = self.graph.nodes[i]
         return (i, node) if node.prim in prims else None
+
+    def value(self, v: str) -> np.ndarray | None:
+        """A constant's or a known weight's array."""
+        for known in (self.graph.constants, self.weights):
+            if v in known:
+                return np.asarray(known[v])
+        return None
+
+    def shape(self, v: str) -> tuple[int, ...]:
+        return tuple(self.graph.types[v].shape)
+
+    def sealed(self, absorbed: frozenset[int], root: int) -> bool:
+        """Whether only the pattern reads what its inner nodes compute."""
+        return all(
+            v not in self.graph.outputs and all(r in absorbed for r in self.readers.get(v, ()))
+            for i in absorbed - {root}
+            for v in self.graph.nodes[i].outputs
+        )
 
     def scalar(self, v: str) -> float | None:
         c = self.graph.constants.get(v)
@@ -117,7 +144,7 @@ def _clip(view: _View, i: int, node: Node) -> Fused | None:
         return None
     dtype = view.dtype(inner[0])
     bounds = (np.array(inner[1], dtype), np.array(top[1], dtype))
-    return Fused("Clip", (inner[0],), frozenset({i, low[0]}), consts=bounds)
+    return Fused("Clip", (inner[0], *bounds), frozenset({i, low[0]}))
 
 
 def _relu(view: _View, i: int, node: Node) -> Fused | None:
@@ -230,7 +257,220 @@ def _nearest_resize(view: _View, i: int, node: Node) -> Fused | None:
     rank = len(view.graph.types[x].shape)
     factors = np.array([scales.get(a, 1) for a in range(rank)], "float32")
     attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
-    return Fused("Resize", (x, ""), frozenset(absorbed), attrs, consts=(factors,))
+    return Fused("Resize", (x, "", factors), frozenset(absorbed), attrs)
+
+
+def _linear_step(view: _View, i: int, node: Node):
+    """(x, axis, absorbed, lower index, upper index, weight vector) for one axis of a linear
+    resize: g0 + (g1 - g0) * w, g0 and g1 gathers of x along that axis, w varying along it only."""
+    if node.prim is not Prim.ADD:
+        return None
+    for low_v, step_v in (node.inputs, node.inputs[::-1]):
+        low, step = view.shared(low_v, Prim.GATHER), view.inner(step_v, Prim.MUL)
+        if not low or not step:
+            continue
+        x, axis = low[1].inputs[0], low[1].a["axis"]
+        for diff_v, w_v in (step[1].inputs, step[1].inputs[::-1]):
+            diff = view.inner(diff_v, Prim.SUB)
+            high = diff and diff[1].inputs[1] == low_v and view.inner(diff[1].inputs[0], Prim.GATHER)
+            if not high or high[1].inputs[0] != x or high[1].a["axis"] != axis:
+                continue
+            absorbed = {i, low[0], step[0], diff[0], high[0]}
+            spread = view.inner(w_v, Prim.BROADCAST)
+            if spread:
+                absorbed.add(spread[0])
+            weights = _along(
+                view.value(spread[1].inputs[0] if spread else w_v), view.shape(node.outputs[0]), axis
+            )
+            lo, hi = view.value(low[1].inputs[1]), view.value(high[1].inputs[1])
+            if weights is not None and lo is not None and hi is not None and lo.ndim == hi.ndim == 1:
+                return x, axis, absorbed, lo, hi, weights
+    return None
+
+
+def _along(array: np.ndarray | None, shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """The vector `array` holds along `axis` when, broadcast to `shape`, it varies along no other."""
+    if array is None or array.ndim > len(shape):
+        return None
+    array = array.reshape((1,) * (len(shape) - array.ndim) + array.shape)
+    first = array[tuple(slice(None) if k == axis else slice(0, 1) for k in range(len(shape)))]
+    if not np.array_equal(np.broadcast_to(first, array.shape), array):
+        return None
+    return np.broadcast_to(first.reshape(-1), (shape[axis],))
+
+
+def _linear_modes(in_len: int, out_len: int, lo, hi, weights) -> set[str]:
+    """The coordinate transformation modes under which Resize (linear, output size out_len) reads
+    these taps."""
+    modes = set()
+    for mode in COORDINATE_MODES:
+        coords = source_coords(mode, out_len, in_len, out_len / in_len)
+        want_lo, want_hi, want_w = linear_taps(coords, in_len, str(weights.dtype))
+        if (
+            np.array_equal(want_lo, lo)
+            and np.array_equal(want_hi, hi)
+            and np.allclose(want_w, weights, rtol=0, atol=1e-6)
+        ):
+            modes.add(mode)
+    return modes
+
+
+def _linear_resize(view: _View, i: int, node: Node) -> Fused | None:
+    """a linear interpolation along each of some spatial axes (two gathers and a lerp each) ->
+    Resize(x, linear) to the output's size"""
+    step = _linear_step(view, i, node)
+    if not step:
+        return None
+    out_shape = view.shape(node.outputs[0])
+    modes, axes, absorbed = set(COORDINATE_MODES) - {"tf_half_pixel_for_nn"}, set(), set()
+    while step:
+        x, axis, more, lo, hi, weights = step
+        if axis in axes:
+            return None
+        modes &= _linear_modes(view.shape(x)[axis], out_shape[axis], lo, hi, weights)
+        axes.add(axis)
+        absorbed |= more
+        inner = view.shared(x, Prim.ADD)
+        step = inner and _linear_step(view, *inner)
+    rank = len(out_shape)
+    # ONNX Runtime's CPU kernel interpolates the spatial axes of NCHW and NCDHW tensors
+    if (
+        not modes
+        or rank not in (4, 5)
+        or not axes <= set(range(2, rank))
+        or not view.dtype(x).startswith("float")
+    ):
+        return None
+    mode = next(m for m in COORDINATE_MODES if m in modes)
+    attrs = {"mode": "linear", "coordinate_transformation_mode": mode}
+    return Fused("Resize", (x, "", "", np.array(out_shape, "int64")), frozenset(absorbed), attrs)
+
+
+def _softmax(view: _View, i: int, node: Node) -> Fused | None:
+    """e / sum(e), e = exp(x - max(x)), over one axis -> Softmax(x)"""
+    if node.prim is not Prim.DIV:
+        return None
+    e_v, total_v = node.inputs
+    spread = view.inner(total_v, Prim.BROADCAST)
+    total = spread and view.inner(spread[1].inputs[0], Prim.REDUCE_SUM)
+    e = view.shared(e_v, Prim.EXP)
+    if not total or not e or total[1].inputs[0] != e_v or len(total[1].a["axes"]) != 1:
+        return None
+    shifted = view.inner(e[1].inputs[0], Prim.SUB)
+    top = shifted and view.inner(shifted[1].inputs[1], Prim.BROADCAST)
+    peak = top and view.inner(top[1].inputs[0], Prim.REDUCE_MAX)
+    x = shifted and shifted[1].inputs[0]
+    if not peak or peak[1].inputs[0] != x or peak[1].a["axes"] != total[1].a["axes"]:
+        return None
+    if not view.dtype(x).startswith("float"):
+        return None
+    absorbed = frozenset({i, spread[0], total[0], e[0], shifted[0], top[0], peak[0]})
+    return Fused("Softmax", (x,), absorbed, {"axis": total[1].a["axes"][0]})
+
+
+def _mean_of(view: _View, v: str):
+    """(x, axes, absorbed) when v = reduce_sum(x) * (1 / the number of elements summed)."""
+    scaled = view.inner(v, Prim.MUL)
+    pair = scaled and view.operand_and_scalar(scaled[1])
+    total = pair and view.inner(pair[0], Prim.REDUCE_SUM)
+    if not total:
+        return None
+    x, axes = total[1].inputs[0], tuple(total[1].a["axes"])
+    count = math.prod(view.shape(x)[a] for a in axes)
+    return (x, axes, {scaled[0], total[0]}) if _close(pair[1], 1.0 / count) else None
+
+
+def _normalized(view: _View, i: int, node: Node):
+    """(x, axes, eps, absorbed) for (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps), written as a
+    division by the root or a product with its reciprocal."""
+    if node.prim not in (Prim.MUL, Prim.DIV):
+        return None
+    pairs = [node.inputs] if node.prim is Prim.DIV else [node.inputs, node.inputs[::-1]]
+    for centered_v, spread_v in pairs:
+        centered, spread = view.shared(centered_v, Prim.SUB), view.inner(spread_v, Prim.BROADCAST)
+        root = spread
+        if spread and node.prim is Prim.MUL:
+            root = view.inner(spread[1].inputs[0], Prim.RECIPROCAL)
+        root_v = root and (root[1].inputs[0] if node.prim is Prim.MUL else spread[1].inputs[0])
+        sqrt = root and view.inner(root_v, Prim.SQRT)
+        shifted = sqrt and view.inner(sqrt[1].inputs[0], Prim.ADD)
+        eps = shifted and view.operand_and_scalar(shifted[1])
+        var = eps and _mean_of(view, eps[0])
+        square = var and view.inner(var[0], Prim.MUL)
+        if not centered or not square or square[1].inputs != (centered_v, centered_v):
+            continue
+        x, mean_spread = centered[1].inputs
+        spread_mean = view.inner(mean_spread, Prim.BROADCAST)
+        mean = spread_mean and _mean_of(view, spread_mean[1].inputs[0])
+        if not mean or mean[0] != x or mean[1] != var[1]:
+            continue
+        absorbed = {i, centered[0], spread[0], root[0], sqrt[0], shifted[0], square[0], spread_mean[0]}
+        return x, var[1], eps[1], absorbed | var[2] | mean[2]
+    return None
+
+
+def _affine(view: _View, i: int, node: Node, prim: Prim):
+    """(inner value, parameter value, absorbed) for inner (*|+) broadcast(parameter), either order."""
+    if node.prim is not prim:
+        return None
+    for inner_v, param_v in (node.inputs, node.inputs[::-1]):
+        spread = view.inner(param_v, Prim.BROADCAST)
+        if spread:
+            return inner_v, spread[1].inputs[0], {i, spread[0]}
+    return None
+
+
+def _normalization(view: _View, i: int, node: Node) -> Fused | None:
+    """normalize(x) [* scale] [+ bias] over x's last axes -> LayerNormalization(x), over every
+    axis after N and C -> InstanceNormalization(x)"""
+    chain, params, absorbed = (i, node), {}, set()
+    for name, prim in (("bias", Prim.ADD), ("scale", Prim.MUL)):
+        if _normalized(view, *chain):
+            break
+        found = _affine(view, *chain, prim)
+        if found:
+            inner_v, params[name], more = found
+            absorbed |= more
+            chain = view.inner(inner_v, Prim.MUL, Prim.DIV)
+            if chain is None:
+                return None
+    norm = _normalized(view, *chain)
+    if not norm:
+        return None
+    x, axes, eps, more = norm
+    shape, dtype = view.shape(x), view.dtype(x)
+    rank = len(shape)
+    if not dtype.startswith("float"):
+        return None
+    absorbed = frozenset(absorbed | more)
+    if axes == tuple(range(rank - len(axes), rank)):  # parameters per normalized element
+        norm_shape = shape[rank - len(axes) :]
+        scale = _parameter(view, params.get("scale"), norm_shape, np.ones(norm_shape, dtype))
+        bias = _parameter(view, params.get("bias"), norm_shape, None)
+        if scale is not None and (bias is not None or "bias" not in params):
+            inputs = (x, scale) if bias is None else (x, scale, bias)
+            return Fused("LayerNormalization", inputs, absorbed, {"axis": rank - len(axes), "epsilon": eps})
+    if rank >= 3 and axes == tuple(range(2, rank)):  # parameters per channel
+        channels = (shape[1],)
+        scale = _parameter(view, params.get("scale"), channels, np.ones(channels, dtype))
+        bias = _parameter(view, params.get("bias"), channels, np.zeros(channels, dtype))
+        if scale is not None and bias is not None:
+            return Fused("InstanceNormalization", (x, scale, bias), absorbed, {"epsilon": eps})
+    return None
+
+
+def _parameter(view: _View, v: str | None, shape: tuple[int, ...], default):
+    """A scale or bias as the operator takes it: the value itself when it has `shape`, else its
+    known array reshaped to `shape` (when it holds one element per position), `default` when the
+    pattern has none; None when neither works."""
+    if v is None:
+        return default
+    if view.shape(v) == shape:
+        return v
+    array = view.value(v)
+    if array is None or [d for d in array.shape if d != 1] != [d for d in shape if d != 1]:
+        return None
+    return array.reshape(shape)
 
 
 # tried in order at each root, so a pattern that contains another comes first
@@ -243,20 +483,69 @@ PATTERNS: tuple[Callable[[_View, int, Node], Fused | None], ...] = (
     _max_pool,
     _average_pool,
     _nearest_resize,
+    _linear_resize,
+    _softmax,
+    _normalization,
 )
 
 
-def fuse(graph: Graph) -> dict[int, Fused]:
+def fuse(graph: Graph, weights: Mapping[str, np.ndarray] | None = None) -> dict[int, Fused]:
     """Each pattern found, keyed by the index of its root (last) node. Roots are visited from the
-    end, so the largest pattern ending at a node claims its primitives first."""
-    view, found = _View(graph), {}
+    end, so the largest pattern ending at a node claims its primitives first. `weights` (known
+    input values) let a linear resize's weights and a normalization's parameters be read."""
+    view, found = _View(graph, weights), {}
     for i in range(len(graph.nodes) - 1, -1, -1):
         if i in view.taken:
             continue
         for pattern in PATTERNS:
             fused = pattern(view, i, graph.nodes[i])
-            if fused is not None:
+            if fused is not None and view.sealed(fused.absorbed, i):
                 found[i] = fused
                 view.taken |= fused.absorbed
                 break
     return found
+
+
+@dataclass(frozen=True)
+class SplitGroup:
+    """Slices of one value that tile it along one axis, written as one Split."""
+
+    input: str
+    axis: int
+    sizes: tuple[int, ...]
+    outputs: tuple[str, ...]  # in order along the axis
+    absorbed: frozenset[int]
+
+
+def split_groups(graph: Graph) -> dict[int, SplitGroup]:
+    """Each group keyed by the index of its first slice (where the Split is written)."""
+    pieces: dict[tuple[str, int], list[tuple[int, int, int]]] = {}  # (value, axis) -> (start, size, node)
+    for i, node in enumerate(graph.nodes):
+        if node.prim is not Prim.SLICE:
+            continue
+        a, dims = node.a, graph.types[node.inputs[0]].shape
+        cut = [
+            k
+            for k, (start, size, dim) in enumerate(zip(a["starts"], a["sizes"], dims))
+            if (start, size) != (0, dim)
+        ]
+        if len(cut) == 1 and all(step == 1 for step in a["steps"]) and a["sizes"][cut[0]] > 0:
+            pieces.setdefault((node.inputs[0], cut[0]), []).append(
+                (a["starts"][cut[0]], a["sizes"][cut[0]], i)
+            )
+    groups = {}
+    for (value, axis), found in pieces.items():
+        found.sort()
+        ends = [start + size for start, size, _ in found]
+        tiled = found[0][0] == 0 and ends[-1] == graph.types[value].shape[axis]
+        if len(found) < 2 or not tiled or any(s != e for (s, _, _), e in zip(found[1:], ends)):
+            continue
+        nodes = [i for _, _, i in found]
+        groups[min(nodes)] = SplitGroup(
+            value,
+            axis,
+            tuple(size for _, size, _ in found),
+            tuple(graph.nodes[i].outputs[0] for i in nodes),
+            frozenset(nodes),
+        )
+    return groups

@@ -13,7 +13,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, source_digest
-from korch.backends.onnx_patterns import fuse
+from korch.backends.onnx_patterns import fuse, split_groups
 from korch.frontend.onnx_types import to_onnx_dtype
 from korch.ir import Graph
 from korch.kernel import KernelSpec, runs_alone
@@ -176,13 +176,18 @@ def to_onnx(graph: Graph, weights: Weights | None = None) -> onnx.ModelProto:
     for name, array in [*graph.constants.items(), *weights.items()]:
         w.inits.append(numpy_helper.from_array(np.asarray(array), name))
     elide = _elidable_broadcasts(graph)
-    fused = fuse(graph)
-    absorbed = set().union(*(f.absorbed for f in fused.values()))
+    fused = fuse(graph, weights)
+    splits = split_groups(graph)
+    absorbed = set().union(*(f.absorbed for f in fused.values()), *(s.absorbed for s in splits.values()))
     for i, node in enumerate(graph.nodes):
         if i in fused:
             f = fused[i]
-            consts = [w.const(c, "fused") for c in f.consts]
-            w.add(f.op, [*(w.name(v) for v in f.inputs), *consts], [node.outputs[0]], **f.attrs)
+            ins = [w.const(v, "fused") if isinstance(v, np.ndarray) else w.name(v) for v in f.inputs]
+            w.add(f.op, ins, [node.outputs[0]], **f.attrs)
+        elif i in splits:
+            s = splits[i]
+            sizes = w.const(np.array(s.sizes, "int64"), "split")
+            w.add("Split", [w.name(s.input), sizes], s.outputs, axis=s.axis)
         elif i not in absorbed:
             _emit(w, node, elide)
     for v, name in zip(graph.outputs, graph.output_names):

@@ -100,7 +100,7 @@ COORDINATE_MODES = (
 )
 
 
-def _source_coords(mode: str, out_len: int, in_len: int, scale: float) -> np.ndarray:
+def source_coords(mode: str, out_len: int, in_len: int, scale: float) -> np.ndarray:
     """Source coordinate of every output index, in float32 like ONNX Runtime (ties must agree)."""
     f = np.float32
     x, scale, one, half = np.arange(out_len, dtype=f), f(scale), f(1), f(0.5)
@@ -133,6 +133,14 @@ def _nearest_index(coords: np.ndarray, nearest_mode: str, in_len: int, scale: fl
     return np.clip(rounding(coords), 0, in_len - 1).astype("int64")
 
 
+def linear_taps(coords: np.ndarray, in_len: int, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lower index, upper index, weight of the upper) of linear interpolation at each source
+    coordinate, clamped to the input as ONNX Runtime does."""
+    coords = np.clip(coords, 0, in_len - 1)
+    lo = np.floor(coords).astype("int64")
+    return lo, np.minimum(lo + 1, in_len - 1), (coords - lo).astype(dtype)
+
+
 def resample(ctx: Lowering, x: str, out_sizes, scales, mode: str, ctm: str, nearest: str) -> str:
     """Separable resampling: one gather (nearest) or two gathers and a lerp (linear) per axis."""
     dtype = ctx.dtype(x)
@@ -140,16 +148,13 @@ def resample(ctx: Lowering, x: str, out_sizes, scales, mode: str, ctm: str, near
         if scale == 1.0 or (mode == "nearest" and in_len == out_len):
             # ONNX Runtime (1.32) copies these axes; for a linear resize it honours any other scale
             continue
-        coords = _source_coords(ctm, out_len, in_len, scale)
+        coords = source_coords(ctm, out_len, in_len, scale)
         if mode == "nearest":
             index = _nearest_index(coords, nearest, in_len, scale)
             x = ctx.emit(Prim.GATHER, x, ctx.const(index), axis=axis)
             continue
-        coords = np.clip(coords, 0, in_len - 1)
-        lo = np.floor(coords).astype("int64")
-        hi = np.minimum(lo + 1, in_len - 1)
         work = dtype if dtype in FLOAT_DTYPES else "float32"  # integers interpolate in float
-        weight = (coords - lo).astype(work)
+        lo, hi, weight = linear_taps(coords, in_len, work)
         rank = ctx.rank(x)
         w = ctx.const(weight.reshape([out_len] + [1] * (rank - axis - 1)))
         g0 = ctx.cast(ctx.emit(Prim.GATHER, x, ctx.const(lo), axis=axis), work)
