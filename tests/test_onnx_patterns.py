@@ -136,8 +136,12 @@ def _export(model, feeds):
     graph = korch.fission(model).graph
     spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
     env = {**graph.constants, **feeds}
-    weights = {n: graph.constants[v] for n, v in zip(spec.graph.inputs, spec.inputs) if v in graph.constants}
-    return spec, [env[v] for v in spec.inputs], weights
+    return spec, [env[v] for v in spec.inputs], _known_weights(graph, spec)
+
+
+def _known_weights(graph, spec) -> dict:
+    """The kernel's inputs that are the graph's constants, by the kernel's input names."""
+    return {n: graph.constants[v] for n, v in zip(spec.graph.inputs, spec.inputs) if v in graph.constants}
 
 
 def _written(spec, weights=None) -> list[str]:
@@ -455,6 +459,6 @@ def test_a_lerp_whose_weights_vary_along_another_axis_is_no_resize(varies_along_
     step = b.emit(Prim.MUL, [diff, b.const(weights)])[0]
     graph = b.build([b.emit(Prim.ADD, [g0, step])[0]], ["y"])
     spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
-    known = {n: graph.constants[v] for n, v in zip(spec.graph.inputs, spec.inputs) if v in graph.constants}
+    known = _known_weights(graph, spec)
     assert ("Resize" in _written(spec, known)) != varies_along_rows
     _run_and_check(spec, [rand(1, 2, 4, 4) if v == "x" else graph.constants[v] for v in spec.inputs], known)

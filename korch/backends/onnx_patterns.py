@@ -299,11 +299,15 @@ def _along(array: np.ndarray | None, shape: tuple[int, ...], axis: int) -> np.nd
     return np.broadcast_to(first.reshape(-1), (shape[axis],))
 
 
+# the coordinate transformation modes a linear Resize takes
+_LINEAR_MODES = tuple(m for m in COORDINATE_MODES if m != "tf_half_pixel_for_nn")
+
+
 def _linear_modes(in_len: int, out_len: int, lo, hi, weights) -> set[str]:
     """The coordinate transformation modes under which Resize (linear, output size out_len) reads
     these taps."""
     modes = set()
-    for mode in COORDINATE_MODES:
+    for mode in _LINEAR_MODES:
         coords = source_coords(mode, out_len, in_len, out_len / in_len)
         want_lo, want_hi, want_w = linear_taps(coords, in_len, str(weights.dtype))
         if (
@@ -322,7 +326,7 @@ def _linear_resize(view: _View, i: int, node: Node) -> Fused | None:
     if not step:
         return None
     out_shape = view.shape(node.outputs[0])
-    modes, axes, absorbed = set(COORDINATE_MODES) - {"tf_half_pixel_for_nn"}, set(), set()
+    modes, axes, absorbed = set(_LINEAR_MODES), set(), set()
     while step:
         x, axis, more, lo, hi, weights = step
         if axis in axes:
@@ -341,7 +345,7 @@ def _linear_resize(view: _View, i: int, node: Node) -> Fused | None:
         or not view.dtype(x).startswith("float")
     ):
         return None
-    mode = next(m for m in COORDINATE_MODES if m in modes)
+    mode = next(m for m in _LINEAR_MODES if m in modes)
     attrs = {"mode": "linear", "coordinate_transformation_mode": mode}
     return Fused("Resize", (x, "", "", np.array(out_shape, "int64")), frozenset(absorbed), attrs)
 
@@ -423,18 +427,17 @@ def _affine(view: _View, i: int, node: Node, prim: Prim):
 def _normalization(view: _View, i: int, node: Node) -> Fused | None:
     """normalize(x) [* scale] [+ bias] over x's last axes -> LayerNormalization(x), over every
     axis after N and C -> InstanceNormalization(x)"""
-    chain, params, absorbed = (i, node), {}, set()
+    params, absorbed = {}, set()
+    norm = _normalized(view, i, node)
     for name, prim in (("bias", Prim.ADD), ("scale", Prim.MUL)):
-        if _normalized(view, *chain):
-            break
-        found = _affine(view, *chain, prim)
+        found = None if norm else _affine(view, i, node, prim)
         if found:
             inner_v, params[name], more = found
             absorbed |= more
             chain = view.inner(inner_v, Prim.MUL, Prim.DIV)
             if chain is None:
                 return None
-    norm = _normalized(view, *chain)
+            (i, node), norm = chain, _normalized(view, *chain)
     if not norm:
         return None
     x, axes, eps, more = norm
