@@ -65,18 +65,35 @@ def default_path() -> Path:
     return Path(os.path.expanduser("~/.cache/korch/profiles.sqlite"))
 
 
+LOCK_WAIT_S = 60.0  # how long a run waits for another run's lock on the database
+
+
 class ProfileDB:
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path else default_path()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None)
-            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn = sqlite3.connect(str(self.path), timeout=LOCK_WAIT_S, isolation_level=None)
+            self._wal_mode()
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute(SCHEMA)
             self.conn.execute(REWRITE_SCHEMA)
         except sqlite3.DatabaseError as e:
             raise KorchError(f"{self.path}: not a usable profile database ({e})") from None
+
+    def _wal_mode(self) -> None:
+        """Switch the file to WAL. While another run still writes to a new file in its first
+        journal mode, SQLite refuses the switch at once ("database is locked") instead of waiting
+        as it does for other locks, so the switch is retried for as long as a lock is waited for."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def close(self) -> None:
         self.conn.close()
