@@ -203,7 +203,6 @@ def test_inductor_fuses_softmax_into_few_kernels():
     assert check_kernel(compiled.fn(*[torch.as_tensor(x) for x in inputs]), want, spec.graph) is None
 
 
-
 def test_onnxruntime_keeps_a_broadcast_that_only_a_unary_primitive_reads():
     """ONNX broadcasts implicitly only between operands: exp(broadcast(x)) must stay expanded."""
     from korch.ir import GraphBuilder

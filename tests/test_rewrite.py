@@ -76,7 +76,8 @@ def test_segformer_decoder_convolution_folds_into_the_linear_layers():
     feats = (torch.randn(1, 8, 8, 8), torch.randn(1, 16, 4, 4), torch.randn(1, 24, 2, 2))
     result = fission_of(Decoder(), *feats)
     graph, notes = folded(result)
-    assert len(notes) == 1 and "36->12" in notes[0]
+    (fold,) = [n for n in notes if "mix folded" in n]
+    assert "36->12" in fold
     assert not any(n.prim in (Prim.CONV, Prim.CONCAT) for n in graph.nodes)
     assert sum(n.prim is Prim.MATMUL for n in graph.nodes) == 3  # the linear layers, weights folded
     assert linear_flops(graph) < 0.3 * linear_flops(result.graph)
@@ -200,7 +201,7 @@ def test_optimize_folds_and_the_plan_matches_onnxruntime(tmp_path):
         backends=("onnxruntime", "vendor"), min_time=0.002, progress=False, cache=tmp_path / "p.sqlite"
     )
     plan = optimize(path, options=OptimizeOptions(**fast))
-    assert len(plan.meta["rewrites"]) == 1
+    assert sum("mix folded" in n for n in plan.meta["rewrites"]) == 1
     report = explain.report(plan)  # korch explain lists what was rewritten
     assert report["rewrites"] == plan.meta["rewrites"] and "rewrite: Conv" in explain.text(report)
     assert plan.verify() <= 1e-4

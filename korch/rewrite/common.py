@@ -74,19 +74,24 @@ def unit_conv(graph: Graph, node: Node) -> bool:
 def replace_node(graph: Graph, i: int, em: Emitter, y: str) -> Graph:
     """The graph with em's nodes in place of node i, whose readers read em's value y instead
     (verify checks that the types agree); nodes and constants left unread are dropped."""
-    old = graph.nodes[i].outputs[0]
+    return replace_values(graph, i, em, {graph.nodes[i].outputs[0]: y})
 
-    def renamed(n: Node) -> Node:
-        return Node(n.prim, tuple(y if v == old else v for v in n.inputs), n.outputs, n.attrs, n.origin)
+
+def replace_values(graph: Graph, i: int, em: Emitter, renamed: dict[str, str]) -> Graph:
+    """The graph with em's nodes in place of node i, each value in `renamed` read as em's value
+    it maps to (verify checks that the types agree); nodes and constants left unread are dropped."""
+
+    def rename(n: Node) -> Node:
+        return Node(n.prim, tuple(renamed.get(v, v) for v in n.inputs), n.outputs, n.attrs, n.origin)
 
     result = prune(
         Graph(
             inputs=graph.inputs,
-            outputs=tuple(y if v == old else v for v in graph.outputs),
+            outputs=tuple(renamed.get(v, v) for v in graph.outputs),
             output_names=graph.output_names,
             types=MappingProxyType(em.types),
             constants=MappingProxyType(em.constants),
-            nodes=(*graph.nodes[:i], *em.nodes, *map(renamed, graph.nodes[i + 1 :])),
+            nodes=(*graph.nodes[:i], *em.nodes, *map(rename, graph.nodes[i + 1 :])),
             name=graph.name,
         )
     )
