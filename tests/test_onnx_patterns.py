@@ -72,11 +72,12 @@ CASES = {
         ),
         "Resize",
     ),
-    # (shapes large enough that the broadcasts of weights stay broadcasts, as in real models)
+    # (shapes large enough that the broadcasts of weights stay broadcasts, as in real models, and
+    # that the resize does more than MATMUL_RESIZE_FLOPS an output element as matmuls)
     "linear_resize": (
         (
             "Resize",
-            [rand(1, 2, 5, 6), None, Const(np.array([1, 1, 2, 1.5], "float32"))],
+            [rand(1, 2, 40, 48), None, Const(np.array([1, 1, 2, 1.5], "float32"))],
             {"mode": "linear"},
             13,
         ),
@@ -85,7 +86,7 @@ CASES = {
     "linear_resize_align_corners": (
         (
             "Resize",
-            [rand(1, 3, 4, 5), None, None, Const(np.array([1, 3, 7, 9], "int64"))],
+            [rand(1, 3, 40, 50), None, None, Const(np.array([1, 3, 70, 90], "int64"))],
             {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
             13,
         ),
@@ -94,7 +95,7 @@ CASES = {
     "linear_resize_one_axis_asymmetric": (
         (
             "Resize",
-            [rand(2, 2, 4, 6), None, Const(np.array([1, 1, 1, 2], "float32"))],
+            [rand(2, 2, 4, 40), None, Const(np.array([1, 1, 1, 2], "float32"))],
             {"mode": "linear", "coordinate_transformation_mode": "asymmetric"},
             13,
         ),
@@ -305,12 +306,33 @@ def _exported(model, feeds):
     return _written(spec, weights)
 
 
+@pytest.mark.parametrize(
+    "shape, scales_or_sizes, mode, written",
+    [
+        ((1, 2, 5, 6), [1, 1, 2, 1.5], "half_pixel", ["MatMul", "MatMul"]),
+        ((1, 3, 4, 5), [1, 3, 7, 9], "align_corners", ["MatMul", "MatMul"]),
+        ((2, 2, 4, 6), [1, 1, 1, 2], "asymmetric", ["MatMul"]),
+        ((1, 256, 8, 8), [1, 256, 64, 64], "half_pixel", ["MatMul", "MatMul"]),  # Segformer's decoder
+        ((1, 2, 3, 4, 4), [1, 1, 2, 2, 2], "half_pixel", ["Resize"]),  # along an axis no matmul takes
+        ((3, 5, 6), [1, 2, 3], "half_pixel", ["MatMul", "MatMul"]),  # a rank ONNX Runtime's Resize refuses
+    ],
+)
+def test_a_small_linear_resize_is_written_as_matmuls(shape, scales_or_sizes, mode, written):
+    """Along the last two axes, a matmul by the interpolation matrix, where that is little work."""
+    sizes = all(float(v).is_integer() and v > 2 for v in scales_or_sizes[1:])
+    given = Const(np.array(scales_or_sizes, "int64" if sizes else "float32"))
+    ins = [rand(*shape), None, None, given] if sizes else [rand(*shape), None, given]
+    attrs = {"mode": "linear", "coordinate_transformation_mode": mode}
+    model, feeds = one_node_model("Resize", ins, attrs, 13)
+    assert _exported(model, feeds) == written
+
+
 def test_a_linear_resize_is_written_back_only_when_its_taps_are_resizes():
-    # scale 1.5 from 5 rows gives 7 rows, which Resize to 7 rows (scale 1.4) does not sample alike
-    model, feeds = one_node_model(
-        "Resize", [rand(1, 2, 5, 4), None, Const(np.array([1, 1, 1.5, 1], "float32"))], {"mode": "linear"}, 13
-    )
-    assert "Gather" in _exported(model, feeds)
+    # scale 1.5 from 51 rows gives 76 rows, which Resize to 76 rows (scale 1.49) does not sample
+    # alike: not a Resize, a matmul by the interpolation matrix
+    scales = Const(np.array([1, 1, 1.5, 1], "float32"))
+    model, feeds = one_node_model("Resize", [rand(1, 2, 51, 4), None, scales], {"mode": "linear"}, 13)
+    assert _exported(model, feeds) == ["MatMul"]
     # the weights unknown (a kernel given them as inputs only): the gathers stay too
     (op, ins, attrs, opset), _ = CASES["linear_resize"]
     spec, inputs, weights = _export(*one_node_model(op, ins, attrs, opset))
@@ -460,5 +482,5 @@ def test_a_lerp_whose_weights_vary_along_another_axis_is_no_resize(varies_along_
     graph = b.build([b.emit(Prim.ADD, [g0, step])[0]], ["y"])
     spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
     known = _known_weights(graph, spec)
-    assert ("Resize" in _written(spec, known)) != varies_along_rows
+    assert ("Gather" in _written(spec, known)) == varies_along_rows
     _run_and_check(spec, [rand(1, 2, 4, 4) if v == "x" else graph.constants[v] for v in spec.inputs], known)
