@@ -9,6 +9,7 @@ from test_rewrite import fission_of, same_values
 
 from korch import check, reference
 from korch.ir import GraphBuilder
+from korch.pipeline import OptimizeOptions, optimize
 from korch.prims import Prim, TensorType
 from korch.rewrite import pull_transposes, rewrite
 
@@ -71,6 +72,18 @@ def test_linear_attention_keeps_no_transpose_but_one_that_a_matmul_takes():
     assert check.compare_outputs(reference.run(graph, inputs), want) <= 1e-5
     assert moved(graph) == 0 and transposes(graph) == 1, notes
     assert any("transpose pulled" in n for n in notes)
+
+
+def test_optimize_pulls_the_attention_transposes_and_the_plan_matches_onnxruntime(tmp_path):
+    path = tmp_path / "attention.onnx"
+    with torch.no_grad():
+        torch.onnx.export(LinearAttention().eval(), torch.randn(1, 12, 5, 7), str(path), dynamo=False)
+    options = OptimizeOptions(
+        backends=("onnxruntime", "vendor"), min_time=0.002, progress=False, cache=tmp_path / "p.sqlite"
+    )
+    plan = optimize(path, options=options)
+    assert any("transpose pulled" in n for n in plan.meta["rewrites"])
+    assert moved(plan.graph) == 0 and plan.verify() <= 1e-4
 
 
 def builder(shape=(2, 3, 4)):
