@@ -212,6 +212,58 @@ def test_a_batch_permuting_transpose_stays_outside_a_matmul():
     assert notes == [] and transposes(graph) == 1
 
 
+def test_a_scalar_made_after_the_transpose_keeps_it_from_sinking_before_it():
+    b, x = builder()
+    u = t(b, x, (0, 2, 1))
+    scale = b.emit(Prim.NEG, [b.input("s", TensorType((), "float32"))])[0]  # computed after u
+    k = b.emit(Prim.MUL, [u, scale])[0]
+    pulled(b.build([b.emit(Prim.MATMUL, [b.input("a", TensorType((2, 3, 4), "float32")), k])[0]], ["y"]))
+
+
+@pytest.mark.parametrize("order", ["tanh first", "matmul first"])
+def test_a_transpose_a_matmul_takes_is_free_only_if_nothing_else_reads_it(order):
+    """Pulled into both the matmul and the tanh, u would need a transpose that the tanh reads
+    too: not free, so the pull does not pay, in whichever order the add reads them."""
+    b = GraphBuilder()
+    u = b.input("u", TensorType((2, 4, 3), "float32"))
+    m = b.emit(Prim.MATMUL, [b.input("a", TensorType((2, 4, 4), "float32")), u])[0]
+    e = b.emit(Prim.TANH, [u])[0]
+    s = b.emit(Prim.ADD, [e, m] if order == "tanh first" else [m, e])[0]
+    y = t(b, b.emit(Prim.REDUCE_MAX, [s], axes=(0,))[0], (0, 2, 1))
+    graph, _ = pulled(b.build([y], ["y"]))
+    assert moved(graph) == 12
+
+
+def test_a_transpose_a_matmul_already_takes_is_not_counted_as_saved():
+    b = GraphBuilder()
+    tb = t(b, b.input("w", TensorType((2, 3, 5), "float32")), (0, 2, 1))
+    m = b.emit(Prim.MATMUL, [b.input("a", TensorType((2, 4, 5), "float32")), tb])[0]
+    e = b.emit(Prim.TANH, [b.input("x", TensorType((2, 4, 3), "float32"))])[0]
+    s = b.emit(Prim.REDUCE_MAX, [b.emit(Prim.ADD, [m, e])[0]], axes=(0,))[0]
+    graph, _ = pulled(b.build([t(b, s, (0, 2, 1))], ["y"]))
+    assert moved(graph) == 12
+
+
+def test_a_matmul_operand_is_not_also_redone_transposed_for_another_reader():
+    """u = pad(x) is read by the matmul (which takes T(u) as it is) and by the add (through which
+    the pull would pad T(x), smaller than T(u)): the padding must stay done once."""
+    b, x = builder((2, 4, 3))
+    u = b.emit(Prim.PAD, [x], pads=(0, 1, 0, 0, 1, 0), mode="edge")[0]  # [2, 6, 3]
+    m = b.emit(Prim.MATMUL, [u, b.const(f32(2, 3, 3))])[0]
+    y = t(b, b.emit(Prim.ADD, [m, u])[0], (0, 2, 1))
+    graph, _ = pulled(b.build([y], ["y"]))
+    assert sum(n.prim is Prim.PAD for n in graph.nodes) == 1
+
+
+def test_a_long_chain_is_pulled_through_without_running_out_of_stack():
+    b, x = builder()
+    y = t(b, x, (0, 2, 1))
+    for _ in range(600):
+        y = b.emit(Prim.TANH, [y])[0]
+    graph, _ = pulled(b.build([t(b, y, (0, 2, 1))], ["y"]))
+    assert transposes(graph) <= 2
+
+
 def random_graph(rng):
     """A random chain of transposes and the primitives they move through, some values read twice."""
     b, x = builder((2, 3, 4))

@@ -23,6 +23,7 @@ Runtime's own optimizer pushes transposes through elementwise operators but stop
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -32,27 +33,41 @@ from korch.rewrite.common import Emitter, replace_node, replace_values, rewrite_
 
 _ALONG = (Prim.SLICE, Prim.PAD, Prim.CONCAT, Prim.BROADCAST)  # layout work that permutes its attrs
 _REDUCES = (Prim.REDUCE_SUM, Prim.REDUCE_PROD, Prim.REDUCE_MAX, Prim.REDUCE_MIN)
+_DEPTH = 100  # primitives a pull passes at most, one after another (each costs two Python frames)
 
 
 def pull_transposes(graph: Graph) -> tuple[Graph, list[str]]:
     """The graph with every profitable transpose pull applied, and one line per pull."""
+    scanned: list[_Maps] = []  # of the graph the driver is scanning
 
     def attempt(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
         if node.prim is not Prim.TRANSPOSE:
             return None
-        return _Puller(graph, i).apply() or _sink(graph, i, node)
+        if not scanned or scanned[0].g is not graph:
+            scanned[:] = [_Maps(graph)]
+        return _Puller(scanned[0], i).apply() or _sink(scanned[0], i, node)
 
     return rewrite_all(graph, attempt)
 
 
-def _sink(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
+class _Maps:
+    """Who makes and who reads each value of a graph."""
+
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
+        self.producer = {v: graph.nodes[i] for v, i in self.index.items()}
+        self.readers: dict[str, list[Node]] = graph.consumers()
+
+
+def _sink(maps: _Maps, i: int, node: Node) -> tuple[Graph, str] | None:
     """A transpose read only by slices, pads and elementwise work on it alone moves after them
     where that transposes less: each reader works on the untransposed value and only its result
     is transposed (a slice's result is smaller, a result that a matmul reads costs nothing)."""
+    graph, readers = maps.g, maps.readers
     (x,), perm, t = node.inputs, tuple(node.a["perm"]), node.outputs[0]
-    readers = graph.consumers()
     mine = readers.get(t, [])
-    if t in graph.outputs or not mine or not all(_sinks(graph, r, t) for r in mine):
+    if t in graph.outputs or not mine or not all(_sinks(maps, r, t, i) for r in mine):
         return None
     moved = sum(_cost(graph, readers, r, perm) for r in mine)
     if moved >= graph.types[t].numel:
@@ -70,12 +85,15 @@ def _sink(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
     return replace_values(graph, i, em, renamed), note
 
 
-def _sinks(graph: Graph, reader: Node, t: str) -> bool:
-    """Whether a transpose t can move after this reader of it."""
+def _sinks(maps: _Maps, reader: Node, t: str, i: int) -> bool:
+    """Whether the transpose t at node i can move after this reader of it (its replacement is
+    written at i, so a scalar it also reads must be known there)."""
     if reader.prim in (Prim.SLICE, Prim.PAD):
         return True
     others = [u for u in reader.inputs if u != t]
-    return reader.kind is Kind.ELEMENTWISE and all(graph.types[u].rank == 0 for u in others)
+    return reader.kind is Kind.ELEMENTWISE and all(
+        maps.g.types[u].rank == 0 and maps.index.get(u, -1) < i for u in others
+    )
 
 
 def _cost(graph: Graph, readers: dict[str, list[Node]], node: Node, perm=None) -> int:
@@ -112,32 +130,38 @@ class _Puller:
     """Pulls the transpose at node `root` of a graph: chooses, for each value it reaches, whether
     to transpose it there or to pull further, then checks that what it redoes transposed is read
     by nothing else. A value read by a transpose left at a reader is pulled through that reader
-    too (the choice was made without seeing the value's other readers); one read from outside is
-    transposed where it is. The choice is then made again."""
+    too (the choice was made without seeing the value's other readers); one read from outside,
+    or as it is by a matmul, is transposed where it is. The choice is then made again."""
 
-    def __init__(self, graph: Graph, root: int):
-        self.g = graph
-        self.root = graph.nodes[root]
+    def __init__(self, maps: _Maps, root: int):
+        self.g, self.producer, self.readers = maps.g, maps.producer, maps.readers
+        self.root = self.g.nodes[root]
         self.index = root
-        self.producer = {v: n for n in graph.nodes for v in n.outputs}
-        self.readers: dict[str, list[Node]] = graph.consumers()
-        self.kept: set[str] = set(graph.outputs)  # values that must be transposed where they are
+        self.kept: set[str] = set(self.g.outputs)  # values that must be transposed where they are
         self.forced: set[str] = set()  # values that must be pulled through where they can
-        self.free: set[tuple[str, tuple[int, ...]]] = set()  # transposes left for a matmul to take
-        self.above_root = _ancestors(self.producer, self.root.inputs[0])
+        # (matmul output, operand, perm): an operand left transposed, for the matmul to take
+        self.operands: set[tuple[str, str, tuple[int, ...]]] = set()
+        self.depth = 0
+
+    @cached_property
+    def above_root(self) -> set[str]:
+        return _ancestors(self.producer, self.root.inputs[0])
 
     def apply(self) -> tuple[Graph, str] | None:
         (x,), perm = self.root.inputs, tuple(self.root.a["perm"])
         while True:
             self.ways: dict[tuple[str, tuple[int, ...]], _Way] = {}
-            self.free.clear()
+            self.operands.clear()
             way = self._way(x, perm)
             inner = way.through | {self.root.outputs[0]}
             outside = {
                 (v, r.outputs[0]) for v in way.through for r in self.readers[v] if r.outputs[0] not in inner
             }
-            if not outside:
+            # a matmul operand left as it is, and also redone transposed for another reader
+            twice = way.through & {u for _, u, _ in self.operands}
+            if not outside and not twice:
                 break
+            self.kept |= twice
             for v, read in outside:
                 below = self._below(read)
                 if below and not below <= self.forced:
@@ -174,7 +198,7 @@ class _Puller:
     def _freed(self, way: _Way, inner: set[str]) -> int:
         """Elements of the transposes the way meets that nothing outside `inner` reads."""
         return sum(
-            self._numel(t)
+            _cost(self.g, self.readers, self.producer[t])
             for t in way.met
             if t not in self.g.outputs and all(r.outputs[0] in inner for r in self.readers[t])
         )
@@ -185,7 +209,9 @@ class _Puller:
         key = (v, perm)
         if key not in self.ways:
             here = _Way(leaves={} if _identity(perm) else {key: self._numel(v)})
-            pulled = self._pulled(v, perm)
+            self.depth += 1
+            pulled = self._pulled(v, perm) if self.depth <= _DEPTH else None
+            self.depth -= 1
             better = pulled is not None and (
                 v in self.forced or pulled.cost - self._freed(pulled, pulled.through) <= here.cost
             )
@@ -212,8 +238,8 @@ class _Puller:
         for u, p in moves:
             part = self._way(u, p)
             if node.prim is Prim.MATMUL and part.cost > 0:
-                self.free.add((u, p))
-                part = _Way(leaves={(u, p): 0})
+                self.operands.add((v, u, p))
+                part = _Way()
             way.add(part)
         return way
 
@@ -228,7 +254,7 @@ class _Puller:
             out = v
         elif v in self.g.constants:
             out = em.const(np.transpose(self.g.constants[v], perm))
-        elif way is None or key in way.leaves or key in self.free:
+        elif way is None or key in way.leaves:
             out = em.emit(Prim.TRANSPOSE, [v], perm=perm)
         else:
             node = self.producer[v]
@@ -236,8 +262,12 @@ class _Puller:
                 q = node.a["perm"]
                 out = self._emit(em, node.inputs[0], tuple(q[p] for p in perm), done)
             else:
-                moves = _moves(self.g, node, perm)
-                inputs = [self._emit(em, u, p, done) for u, p in moves]
+                inputs = [
+                    em.emit(Prim.TRANSPOSE, [u], perm=p)
+                    if (v, u, p) in self.operands
+                    else self._emit(em, u, p, done)
+                    for u, p in _moves(self.g, node, perm)
+                ]
                 prim, attrs = _moved(node, perm)
                 out = em.emit(prim, inputs, origin=node.origin, **attrs)
         done[key] = out
