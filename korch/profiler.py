@@ -255,7 +255,7 @@ class _Pool:
     def _spawn(self):
         parent, child = self.ctx.Pipe()
         proc = self.ctx.Process(target=_worker_main, args=(child, self.threads), daemon=True)
-        proc.start()
+        _start(proc)
         child.close()
         return [proc, parent, None, 0.0]
 
@@ -305,6 +305,23 @@ class _Pool:
             if proc.is_alive():
                 proc.kill()
         self.workers = []
+
+
+def _start(proc) -> None:
+    """Start a spawned worker. Spawning re-runs the parent's main script in the child by its
+    path; a script read from standard input (`python - < script.py`) has none (its __file__ is
+    "<stdin>"), and every worker would die before its first job, so such a main is not handed on
+    (the workers need nothing from it)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    hide = path is not None and getattr(main, "__spec__", None) is None and not os.path.exists(path)
+    if hide:
+        del main.__file__
+    try:
+        proc.start()
+    finally:
+        if hide:
+            main.__file__ = path
 
 
 def _compile_pool(options: ProfileOptions, workers: int, threads: int):

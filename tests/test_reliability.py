@@ -131,6 +131,26 @@ def test_two_optimizes_on_one_database_at_once(tiny_model, tmp_path):
     assert rows[0] == rows[1] > 0
 
 
+def test_a_script_read_from_standard_input_profiles_in_worker_processes(tiny_model, tmp_path):
+    """Spawned workers re-run the parent's main script by its path; one read from stdin has
+    none, and every worker died before its first job (all kernels 'failed')."""
+    db = tmp_path / "p.sqlite"
+    script = textwrap.dedent(f"""
+        from korch.pipeline import OptimizeOptions, optimize
+        options = OptimizeOptions(
+            backends=("onnxruntime", "vendor"), max_size=2, jobs=1, min_time=0.002, progress=False,
+            cache={str(db)!r},
+        )
+        assert optimize({str(tiny_model)!r}, options=options).verify() <= 1e-4
+    """)
+    proc = subprocess.run([sys.executable, "-"], input=script, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    conn = sqlite3.connect(db)
+    failed = conn.execute("SELECT COUNT(*) FROM profiles WHERE status != 'ok'").fetchone()[0]
+    conn.close()
+    assert failed == 0
+
+
 def test_a_run_opening_the_database_while_another_creates_it_waits(tmp_path):
     """Another run is still writing a new database in its first journal mode: SQLite refuses the
     switch to WAL at once ("database is locked"); opening waits for the writer instead of failing
