@@ -9,6 +9,7 @@ import math
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -116,16 +117,23 @@ def original_model_seed(graph: Graph, model: onnx.ModelProto) -> tuple[Candidate
     return cand, KernelSpec(key, sub, tuple(graph.inputs), tuple(graph.outputs), seed=True)
 
 
-def _select(graph: Graph, found: CandidateSet, cost, time_limit: float) -> tuple[Solution, Solution]:
+def _select(
+    graph: Graph, found: CandidateSet, cost, time_limit: float, failures: Counter | None = None
+) -> tuple[Solution, Solution]:
     """The optimal selection and the greedy baseline (None when a tight --time-budget left some
     primitive without a profiled kernel of its own). Without a kernel for every primitive only a
-    whole-graph kernel (the source model, profiled first) can make the plan."""
+    whole-graph kernel (the source model, profiled first) can make the plan. `failures` (reason
+    -> kernels) names the commonest in the error when there is no plan."""
     try:
         solution = solve(graph, found.partitions, found.candidates, cost, time_limit)
     except KorchError as e:
         solution = _prefer_whole_graph(found, Solution([], "incomplete", objective_ms=math.inf), cost)
         if not solution.chosen:
-            raise KorchError(f"{e}; nothing covers the whole graph either (raise --time-budget)") from None
+            why = "raise --time-budget"
+            if failures:
+                ((reason, count),) = failures.most_common(1)
+                why = f"the commonest profiling failure: {reason!r}, {count} kernels; {why}"
+            raise KorchError(f"{e}; nothing covers the whole graph either ({why})") from None
         return solution, None
     solution = _prefer_whole_graph(found, solution, cost)
     try:
@@ -195,7 +203,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
         )
     finally:
         db.close()
-    solution, baseline = _select(graph, found, profiles.cost, options.solver_time_limit)
+    solution, baseline = _select(graph, found, profiles.cost, options.solver_time_limit, profiles.failures)
     meta = {
         "versions": _versions(backends),
         "device_name": device_name(options.device),

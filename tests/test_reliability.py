@@ -203,6 +203,18 @@ def test_faulty_backends_are_excluded_and_the_plan_verifies(tmp_path, monkeypatc
     assert korch.load(tmp_path / "plan").verify() <= 1e-4
 
 
+def test_when_every_backend_fails_the_error_says_why(tmp_path, monkeypatch):
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])
+    relu = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
+    onnx.save(onnx_model(relu), tmp_path / "m.onnx")
+    monkeypatch.setattr(optimize_module, "get_backends", lambda *args: [RaiseBackend()])
+    options = OptimizeOptions(cache=tmp_path / "p.sqlite", progress=False, min_time=0.002, seeds=False)
+    why = "commonest profiling failure: 'raise: RuntimeError: no kernel for you'"
+    with pytest.raises(KorchError, match=why):
+        optimize(tmp_path / "m.onnx", options=options)
+
+
 def _reseal(path, edit) -> None:
     doc = json.loads((path / "plan.json").read_text())
     edit(doc)
