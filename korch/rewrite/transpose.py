@@ -56,7 +56,7 @@ class _Maps:
     def __init__(self, graph: Graph):
         self.g = graph
         self.index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
-        self.producer = {v: graph.nodes[i] for v, i in self.index.items()}
+        self.producer = graph.producers()
         self.readers: dict[str, list[Node]] = graph.consumers()
 
 
