@@ -421,9 +421,17 @@ def test_kernels_with_one_key_and_different_weights_each_get_their_own(tmp_path)
         progress=False,
         cache=tmp_path / "p.db",
     )
-    plan = optimize(path, options=options)
-    keys = [k.spec.key for k in plan.kernels]
-    assert len(keys) == 2 and keys[0] == keys[1]
+    assert optimize(path, options=options).verify() <= 1e-4  # whichever plan the timings chose
+    # The plan of the two twin kernels, chosen here: timing noise can make another plan win.
+    from korch.candidates import make_candidate
+    from korch.plan import build_plan
+    from korch.solver import Choice, Solution
+
+    graph = optimize(path, options=options).graph
+    assert [n.origin.split(":")[0] for n in graph.nodes] == ["Conv", "Relu"] * 2
+    halves = [make_candidate(graph, [0, 1]), make_candidate(graph, [2, 3])]
+    assert halves[0].key == halves[1].key
+    plan = build_plan(graph, Solution([Choice(h, "onnxruntime", 1.0) for h in halves]), "cpu", {})
     assert plan.verify() <= 1e-4
     plan.save(tmp_path / "plan")
     assert korch.load(tmp_path / "plan").verify() <= 1e-4
