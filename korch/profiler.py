@@ -1,23 +1,20 @@
 """Profiling: compile every unique candidate with every backend that supports it, check it against
 the reference executor, time it, and keep the result in the profile database.
 
-Compilation and checking run in a pool of worker processes (a crash or a hang costs one kernel, not
-the run); timing then runs in a single worker so kernels are never timed while others compile."""
+Compilation and checking run in a pool of worker processes (korch.worker_pool: a crash or a hang
+costs one kernel, not the run); timing then runs in a single worker so kernels are never timed
+while others compile."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
 import time
-import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +28,7 @@ from korch.errors import first_line
 from korch.ir import Graph
 from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_graph_json, kernel_spec
 from korch.profile_db import Profile, ProfileDB
+from korch.worker_pool import WorkerPool
 
 CHECK_TOLERANCE = {"float16": 1e-2}
 DEFAULT_TOLERANCE = 1e-4
@@ -228,102 +226,6 @@ def run_job(job: dict) -> dict:
         }
 
 
-def _worker_main(conn, threads: int) -> None:
-    torch.set_num_threads(threads)
-    while True:
-        job = conn.recv()
-        if job is None:
-            return
-        try:
-            conn.send(run_job(job))
-        except Exception:
-            conn.send({"status": "failed", "reason": traceback.format_exc(limit=1)[-240:]})
-
-
-# -------------------------------------------------------------- the worker pool
-
-
-class _Pool:
-    """Worker processes with one job each at a time; a worker that dies or overruns its timeout
-    is replaced and its job recorded as failed."""
-
-    def __init__(self, size: int, threads: int):
-        self.ctx = mp.get_context("spawn")
-        self.size, self.threads = size, threads
-        self.workers: list[list] = []  # [process, connection, job, started]
-
-    def _spawn(self):
-        parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker_main, args=(child, self.threads), daemon=True)
-        _start(proc)
-        child.close()
-        return [proc, parent, None, 0.0]
-
-    def run(self, jobs, timeout: float, on_result) -> None:
-        pending = list(jobs)
-        pending.reverse()
-        while len(self.workers) < min(self.size, len(pending)):
-            self.workers.append(self._spawn())
-        while pending or any(w[2] is not None for w in self.workers):
-            for w in self.workers:
-                if w[2] is None and pending:
-                    w[2], w[3] = pending.pop(), time.time()
-                    w[1].send(w[2])
-            busy = [w for w in self.workers if w[2] is not None]
-            if not busy:
-                break
-            ready = wait([w[1] for w in busy] + [w[0].sentinel for w in busy], timeout=1.0)
-            for i, w in enumerate(self.workers):
-                if w[2] is None:
-                    continue
-                result = None
-                if w[1] in ready:
-                    try:
-                        result = w[1].recv() if w[1].poll() else None
-                    except (EOFError, OSError):
-                        result = None  # the worker died mid-message: handled below
-                if result is not None:
-                    job, w[2] = w[2], None
-                    on_result(job, result)
-                elif w[0].sentinel in ready or time.time() - w[3] > timeout:
-                    died = not w[0].is_alive()
-                    reason = (
-                        f"worker died (exit code {w[0].exitcode})"
-                        if died
-                        else f"timed out after {timeout:.0f}s"
-                    )
-                    w[0].kill()
-                    w[0].join()
-                    on_result(w[2], {"status": "failed", "reason": reason})
-                    self.workers[i] = self._spawn()
-
-    def close(self):
-        for proc, conn, _, _ in self.workers:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                conn.send(None)
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-        self.workers = []
-
-
-def _start(proc) -> None:
-    """Start a spawned worker. Spawning re-runs the parent's main script in the child by its
-    path; a script read from standard input (`python - < script.py`) has none (its __file__ is
-    "<stdin>"), and every worker would die before its first job, so such a main is not handed on
-    (the workers need nothing from it)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    hide = path is not None and getattr(main, "__spec__", None) is None and not os.path.exists(path)
-    if hide:
-        del main.__file__
-    try:
-        proc.start()
-    finally:
-        if hide:
-            main.__file__ = path
-
-
 def _compile_pool(options: ProfileOptions, workers: int, threads: int):
     if options.executor == "ray":
         from korch.ray_pool import make_ray_pool
@@ -331,7 +233,7 @@ def _compile_pool(options: ProfileOptions, workers: int, threads: int):
         pool = make_ray_pool(options.device, options.ray_address, threads)
         if pool is not None:
             return pool
-    return _Pool(workers, threads)
+    return WorkerPool(workers, threads, run_job)
 
 
 # ------------------------------------------------------------------ orchestration
@@ -546,7 +448,7 @@ def profile(
     cores = os.cpu_count() or 1
     workers = options.jobs or cores
     compile_pool = _compile_pool(options, workers, threads=max(1, cores // workers))
-    timer = _Pool(1, threads=torch.get_num_threads())
+    timer = WorkerPool(1, torch.get_num_threads(), run_job)
     progress = _Progress(len(jobs), "profiling", options.progress, deadline)
     chunk = max(16, 8 * workers)  # compile a chunk in parallel, then time it alone
     queue, first, late = sorted(jobs, key=_priority), 0, False

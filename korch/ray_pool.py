@@ -22,7 +22,7 @@ def _ray_job(job: dict, threads: int) -> dict:
 
 
 class RayPool:
-    """run(jobs, timeout, on_result), like korch.profiler's local pool. A job
+    """run(jobs, timeout, on_result), like korch.worker_pool.WorkerPool. A job
     still unfinished `timeout` seconds after submission (running too long, or never scheduled
     because the cluster lacks what it asks for) is cancelled and recorded as failed."""
 

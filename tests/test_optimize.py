@@ -55,7 +55,9 @@ def test_optimize_verify_save_load(model_path, tmp_path):
     plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
     assert plan.verify() <= 1e-4
     assert plan.predicted_ms > 0 and plan.meta["solver"]["status"] == "optimal"
-    assert plan.meta["greedy_ms"] >= plan.predicted_ms - 1e-9
+    # the solver's first plan, priced like the greedy one by the kernels' timings alone (the plan
+    # kept is the one measured fastest in place, whose price may be higher)
+    assert plan.meta["greedy_ms"] >= plan.meta["refine"][0]["predicted_ms"] - 1e-9
     covered = {i for k in plan.kernels for i in k.nodes}
     assert covered == set(range(plan.meta["fission"]["primitives"]))
     plan.save(tmp_path / "plan")

@@ -99,7 +99,8 @@ def test_second_run_hits_the_cache(tmp_path):
 def test_time_budget_skips_and_reports(tmp_path):
     graph = _small_graph()
     cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
-    opts = ProfileOptions(min_time=0.002, progress=False, time_budget=0.0)
+    # one worker: the first chunk (always profiled) is 16 jobs, fewer than this graph's 53 keys
+    opts = ProfileOptions(min_time=0.002, progress=False, time_budget=0.0, jobs=1)
     result = profile(graph, cands, get_backends(["onnxruntime"]), ProfileDB(tmp_path / "p.sqlite"), opts)
     # past the deadline only single primitives still run (so a plan can be made); the rest is
     # skipped and counted
@@ -112,7 +113,7 @@ def test_time_budget_skips_and_reports(tmp_path):
 def test_progress_counts_to_what_was_left_at_the_deadline(tmp_path, capsys):
     graph = _small_graph()
     cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
-    opts = ProfileOptions(min_time=0.002, progress=True, time_budget=0.0)
+    opts = ProfileOptions(min_time=0.002, progress=True, time_budget=0.0, jobs=1)
     result = profile(graph, cands, get_backends(["onnxruntime"]), ProfileDB(tmp_path / "p.sqlite"), opts)
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert result.skipped > 0
@@ -130,7 +131,7 @@ SCRIPT = textwrap.dedent("""
         graph = korch.fission(sys.argv[1]).graph
         cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
         profile(graph, cands, get_backends(["onnxruntime"]), ProfileDB(sys.argv[2]),
-                ProfileOptions(min_time=0.02, progress=False, jobs=1))
+                ProfileOptions(min_time=0.2, progress=False, jobs=1))
 """)
 
 

@@ -43,6 +43,7 @@ SAVER = textwrap.dedent("""
     i = 0
     while True:
         plans[i % 2].save(target)
+        print("saved", flush=True)
         i += 1
 """)
 
@@ -68,6 +69,7 @@ def test_sigkill_during_plan_writing_never_leaves_a_loadable_partial_plan(tmp_pa
             [sys.executable, str(tmp_path / "saver.py"), str(target)], stdout=subprocess.PIPE, text=True
         )
         assert proc.stdout.readline().strip() == "ready"
+        assert proc.stdout.readline().strip() == "saved"  # a whole plan exists, however slow the disk
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()

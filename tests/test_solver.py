@@ -90,8 +90,10 @@ def test_solver_matches_brute_force(seed):
 
 
 def test_the_suite_exercised_cycles_and_recomputation():
-    """Run after the parametrized cases (same module): both situations must have occurred."""
-    if STATS["cuts"] == 0 and STATS["overlap"] == 0:
+    """Both situations occur among the parametrized cases (counted again here when those did
+    not all run: a -k selection, --lf, another order)."""
+    if STATS["cuts"] == 0 or STATS["overlap"] == 0:
+        STATS.update(cuts=0, overlap=0)
         for seed in range(150):
             graph, partitions, candidates, costs = _instance(seed)
             solution = solve(graph, partitions, candidates, costs)

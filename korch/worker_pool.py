@@ -1,0 +1,137 @@
+"""Worker processes that run profiling jobs one at a time each: a crash or a hang costs its job,
+not the run. A job's time limit starts when its worker is ready, not when the job is handed
+over: a fresh worker first imports torch, ONNX Runtime and korch (1.5-2.5 s on an idle 2-core
+machine, over 4 s beside a busy neighbour), and that is not the job's time."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+STARTUP_S = 120.0  # a worker not ready after this long is stuck (a hung import, a full disk)
+_READY = {"ready": True}
+
+
+def _serve(conn, threads: int, run: Callable[[dict], dict]) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    conn.send(_READY)
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        try:
+            conn.send(run(job))
+        except Exception:
+            conn.send({"status": "failed", "reason": traceback.format_exc(limit=1)[-240:]})
+
+
+@dataclass
+class _Worker:
+    proc: mp.process.BaseProcess
+    conn: object
+    spawned: float
+    ready: bool = False  # its imports are done
+    job: dict | None = None
+    started: float = 0.0  # when the job's clock started: when both it and the worker were ready
+
+
+class WorkerPool:
+    """`size` worker processes of `threads` threads each, running `run(job) -> result` (a
+    module-level function, so that a spawned worker can import it). A worker that dies or
+    overruns is replaced and its job recorded as failed."""
+
+    def __init__(self, size: int, threads: int, run: Callable[[dict], dict]):
+        self.ctx = mp.get_context("spawn")
+        self.size, self.threads, self.run_job = size, threads, run
+        self.workers: list[_Worker] = []
+
+    def _spawn(self) -> _Worker:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_serve, args=(child, self.threads, self.run_job), daemon=True)
+        start_process(proc)
+        child.close()
+        return _Worker(proc, parent, spawned=time.time())
+
+    def run(self, jobs, timeout: float, on_result) -> None:
+        """Run every job, calling on_result(job, result) as each finishes."""
+        pending = list(jobs)
+        pending.reverse()
+        while len(self.workers) < min(self.size, len(pending)):
+            self.workers.append(self._spawn())
+        while pending or any(w.job is not None for w in self.workers):
+            for w in self.workers:
+                if w.job is None and pending:
+                    w.job, w.started = pending.pop(), time.time()
+                    w.conn.send(w.job)  # (a worker still starting reads it once ready)
+            busy = [w for w in self.workers if w.job is not None]
+            ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=1.0)
+            for i, w in enumerate(self.workers):
+                if w.job is not None and not self._receive(w, ready, on_result):
+                    self._check(i, w, ready, timeout, on_result)
+
+    def _receive(self, w: _Worker, ready, on_result) -> bool:
+        """Whether w sent something: that it is ready (its job's clock starts) or a result."""
+        if w.conn not in ready:
+            return False
+        try:
+            message = w.conn.recv() if w.conn.poll() else None
+        except (EOFError, OSError):
+            return False  # the worker died mid-message: _check sees it
+        if message == _READY:
+            w.ready, w.started = True, time.time()
+        elif message is not None:
+            job, w.job = w.job, None
+            on_result(job, message)
+        return message is not None
+
+    def _check(self, i: int, w: _Worker, ready, timeout: float, on_result) -> None:
+        """Replace w if it died or overran, recording its job as failed."""
+        now = time.time()
+        if w.proc.sentinel in ready:
+            w.proc.join()
+            reason = f"worker died (exit code {w.proc.exitcode})"
+        elif w.ready and now - w.started > timeout:
+            reason = f"timed out after {timeout:.0f}s"
+        elif not w.ready and now - w.spawned > STARTUP_S:
+            reason = f"worker not ready after {STARTUP_S:.0f}s"
+        else:
+            return
+        w.proc.kill()
+        w.proc.join()
+        on_result(w.job, {"status": "failed", "reason": reason})
+        self.workers[i] = self._spawn()
+
+    def close(self) -> None:
+        for w in self.workers:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                w.conn.send(None)
+            w.proc.join(timeout=5)
+            if w.proc.is_alive():
+                w.proc.kill()
+        self.workers = []
+
+
+def start_process(proc) -> None:
+    """Start a spawned worker. Spawning re-runs the parent's main script in the child by its
+    path; a script read from standard input (`python - < script.py`) has none (its __file__ is
+    "<stdin>"), and every worker would die before its first job, so such a main is not handed on
+    (the workers need nothing from it)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    hide = path is not None and getattr(main, "__spec__", None) is None and not os.path.exists(path)
+    if hide:
+        del main.__file__
+    try:
+        proc.start()
+    finally:
+        if hide:
+            main.__file__ = path
