@@ -173,6 +173,61 @@ def test_a_transpose_sinks_past_elementwise_work_into_a_matmul():
     assert [r.prim for r in graph.consumers()[tr.outputs[0]]] == [Prim.MATMUL] and moved(graph) == 0
 
 
+def gelu(b, u):
+    """x * (1 + erf(x / sqrt(2))) / 2, which reads x twice."""
+    e = b.emit(Prim.ERF, [b.emit(Prim.DIV, [u, b.const(np.float32(np.sqrt(2)))])[0]])[0]
+    m = b.emit(Prim.MUL, [u, b.emit(Prim.ADD, [e, b.const(np.float32(1))])[0]])[0]
+    return b.emit(Prim.MUL, [m, b.const(np.float32(0.5))])[0]
+
+
+def test_a_transpose_sinks_past_work_that_reads_it_twice_into_a_matmul():
+    """Segformer's Mix-FFN: a GELU on the transposed output of a convolution, then a linear
+    layer. The transpose moves past the whole GELU, onto the matmul."""
+    b, x = builder((2, 5, 4))
+    h = gelu(b, t(b, x, (0, 2, 1)))
+    y = b.emit(Prim.MATMUL, [h, b.const(f32(RNG, 5, 3))])[0]
+    graph, notes = pulled(b.build([y], ["y"]))
+    assert moved(graph) == 0 and transposes(graph) == 1 and "moved after 5 primitives" in notes[0]
+
+
+def test_a_transpose_sinks_into_the_transpose_that_undoes_it():
+    """exp(T(x)) is read by a matmul and transposed back: a pull of the second transpose would
+    compute the exponential twice; sunk, the first meets the second and both go, and the matmul
+    takes exp(x) transposed as it is."""
+    b, x = builder((2, 5, 4))
+    e = b.emit(Prim.EXP, [b.emit(Prim.ADD, [t(b, x, (0, 2, 1)), b.const(f32(RNG, 2, 4, 5))])[0]])[0]
+    m = b.emit(Prim.MATMUL, [b.input("a", TensorType((2, 3, 4), "float32")), e])[0]
+    graph, _ = pulled(b.build([m, t(b, e, (0, 2, 1))], ["m", "y"]))
+    assert moved(graph) == 0 and transposes(graph) == 1
+
+
+def test_a_transpose_sinks_no_further_than_where_the_work_grows():
+    """Past the slice (which keeps a third) but not past the pad after it (which makes it four
+    times larger again)."""
+    b, x = builder((2, 6, 4))
+    s = b.emit(Prim.SLICE, [t(b, x, (0, 2, 1))], starts=(0, 0, 0), steps=(1, 1, 1), sizes=(2, 4, 2))[0]
+    p = b.emit(Prim.PAD, [s], pads=(0, 0, 0, 0, 0, 6), mode="constant", value=0.0)[0]
+    graph, notes = pulled(b.build([b.emit(Prim.EXP, [p])[0]], ["y"]))
+    assert moved(graph) == 2 * 4 * 2, notes
+
+
+def test_a_transpose_is_pulled_through_a_bias_into_a_matmul():
+    """T(x @ w + b), b broadcast from one axis: b is transposed as a constant and the transpose
+    lands on x, where the matmul takes it as it is (Segformer's Mix-FFN input)."""
+    b, x = builder((2, 6, 4))
+    m = b.emit(Prim.MATMUL, [x, b.const(f32(RNG, 4, 8))])[0]
+    bias = b.emit(Prim.BROADCAST, [b.const(f32(RNG, 8))], shape=(2, 6, 8))[0]
+    graph, _ = pulled(b.build([t(b, b.emit(Prim.ADD, [m, bias])[0], (0, 2, 1))], ["y"]))
+    assert moved(graph) == 0 and transposes(graph) == 1
+
+
+@pytest.mark.parametrize("perm, reshape", [((1, 0, 2), True), ((0, 2, 1), True), ((2, 1, 0), False)])
+def test_a_transpose_that_moves_only_axes_of_size_one_is_a_reshape(perm, reshape):
+    b, x = builder((2, 1, 4))
+    graph, _ = pulled(b.build([b.emit(Prim.EXP, [t(b, x, perm)])[0]], ["y"]))
+    assert [n.prim for n in graph.nodes] == [Prim.RESHAPE if reshape else Prim.TRANSPOSE, Prim.EXP]
+
+
 def test_work_read_elsewhere_is_not_redone_transposed():
     """The exponential is an output too: pulling through it would compute it twice."""
     b, x = builder((2, 30, 40))
@@ -270,7 +325,7 @@ def random_graph(rng):
         u = values[rng.integers(len(values))]
         shape, axis = b.types[u].shape, int(rng.integers(3))
         same = [v for v in values if b.types[v].shape == shape]
-        kind = rng.integers(9)
+        kind = rng.integers(12)
         if kind <= 1:
             y = t(b, u, tuple(rng.permutation(3)))
         elif kind == 2:
@@ -288,8 +343,15 @@ def random_graph(rng):
             y = b.emit(Prim.PAD, [u], pads=pads, mode="constant", value=1.0)[0]
         elif kind == 7:
             y = b.emit(Prim.REDUCE_SUM, [u], axes=(axis,))[0]
-        else:
+        elif kind == 8:
             y = b.emit(Prim.CONCAT, [u, same[rng.integers(len(same))]], axis=axis)[0]
+        elif kind == 9:
+            y = b.emit(Prim.MUL, [u, b.const(rng.standard_normal(shape).astype(np.float32))])[0]
+        elif kind == 10:  # a bias along the last axis
+            bias = b.const(rng.standard_normal(shape[-1:]).astype(np.float32))
+            y = b.emit(Prim.ADD, [u, b.emit(Prim.BROADCAST, [bias], shape=shape)[0]])[0]
+        else:
+            y = gelu(b, u)
         values.append(y)
     outs = [values[-1], values[rng.integers(1, len(values))]]
     return b.build(list(dict.fromkeys(outs)), ["y", "z"][: len(set(outs))])

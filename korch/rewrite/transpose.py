@@ -7,8 +7,11 @@ the last two axes of a matmul swaps its operands: T(A @ B) = T(B) @ T(A).
 - Pulled toward the inputs, a transpose disappears where it meets another transpose that undoes
   it, folds into a constant, or stays as a transpose of whatever it reaches, wherever that is
   cheapest.
-- Sunk past the slices, pads and elementwise work that read it, a transpose moves only the parts
-  that are sliced out, or lands on a matmul's operand.
+- Sunk past the work below it that can run on the untransposed value instead (elementwise work
+  on what it computes, such as a GELU that reads it twice, and reductions, slices and pads), a
+  transpose moves only the parts that are sliced out, lands on a matmul's operand, or meets a
+  transpose that undoes it. It goes as far as that moves less.
+- A transpose that moves only axes of size 1 is a reshape.
 The cost of a transpose is the elements it moves, none where only matmuls read it with their
 operand's last two axes swapped (ONNX Runtime, BLAS and Inductor all take such an operand as it
 is). A rewrite is applied only where it lowers that cost; results are unchanged up to the order
@@ -22,6 +25,7 @@ Runtime's own optimizer pushes transposes through elementwise operators but stop
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -34,6 +38,7 @@ from korch.rewrite.common import Emitter, replace_node, replace_values, rewrite_
 _ALONG = (Prim.SLICE, Prim.PAD, Prim.CONCAT, Prim.BROADCAST)  # layout work that permutes its attrs
 _REDUCES = (Prim.REDUCE_SUM, Prim.REDUCE_PROD, Prim.REDUCE_MAX, Prim.REDUCE_MIN)
 _DEPTH = 100  # primitives a pull passes at most, one after another (each costs two Python frames)
+_REGION = 200  # primitives a transpose moves after at most
 
 
 def pull_transposes(graph: Graph) -> tuple[Graph, list[str]]:
@@ -45,9 +50,24 @@ def pull_transposes(graph: Graph) -> tuple[Graph, list[str]]:
             return None
         if not scanned or scanned[0].g is not graph:
             scanned[:] = [_Maps(graph)]
-        return _Puller(scanned[0], i).apply() or _sink(scanned[0], i, node)
+        return _as_reshape(graph, i, node) or _Puller(scanned[0], i).apply() or _sink(scanned[0], i, node)
 
     return rewrite_all(graph, attempt)
+
+
+def _as_reshape(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
+    """A transpose that moves only axes of size 1 moves no data: it is a reshape (Segformer's
+    first stage splits its one attention head off and back that way)."""
+    (x,), (y,) = node.inputs, node.outputs
+    shape = graph.types[x].shape
+    moved = [a for a in node.a["perm"] if shape[a] != 1]
+    if moved != sorted(moved):
+        return None
+    em = Emitter(graph, node.origin)
+    out = em.emit(Prim.RESHAPE, [x], shape=graph.types[y].shape)
+    return replace_node(
+        graph, i, em, out
+    ), f"{node.origin or 'transpose'}: moves axes of size 1 only, a reshape"
 
 
 class _Maps:
@@ -61,39 +81,165 @@ class _Maps:
 
 
 def _sink(maps: _Maps, i: int, node: Node) -> tuple[Graph, str] | None:
-    """A transpose read only by slices, pads and elementwise work on it alone moves after them
-    where that transposes less: each reader works on the untransposed value and only its result
-    is transposed (a slice's result is smaller, a result that a matmul reads costs nothing)."""
-    graph, readers = maps.g, maps.readers
-    (x,), perm, t = node.inputs, tuple(node.a["perm"]), node.outputs[0]
-    mine = readers.get(t, [])
-    if t in graph.outputs or not mine or not all(_sinks(maps, r, t, i) for r in mine):
+    """The transpose at node i moved after the work below it that can run on the untransposed
+    value instead, where the values that leave that work cost less to transpose: a slice's
+    result is smaller, a result that a matmul reads costs nothing, one read by another
+    transpose composes with it (and may cancel)."""
+    sinker = _Sinker(maps, i)
+    members = sinker.trimmed(sinker.grown())
+    before, after = sinker.costs(members)
+    if not members or after >= before:
         return None
-    moved = sum(_cost(graph, readers, r, perm) for r in mine)
-    if moved >= graph.types[t].numel:
-        return None
-    em = Emitter(graph, node.origin)
-    renamed = {}
-    for r in mine:
-        prim, attrs = _moved(r, _inverse(perm))
-        part = em.emit(prim, [x if u == t else u for u in r.inputs], origin=r.origin, **attrs)
-        renamed[r.outputs[0]] = em.emit(Prim.TRANSPOSE, [part], perm=perm)
     note = (
-        f"{node.origin or 'transpose'}: transpose moved after {len(mine)} of its readers, "
-        f"moves {moved} of {graph.types[t].numel} elements"
+        f"{node.origin or 'transpose'}: transpose moved after {len(members)} primitives, "
+        f"moves {after} of {before} elements"
     )
-    return replace_values(graph, i, em, renamed), note
+    return sinker.emit(members), note
 
 
-def _sinks(maps: _Maps, reader: Node, t: str, i: int) -> bool:
-    """Whether the transpose t at node i can move after this reader of it (its replacement is
-    written at i, so a scalar it also reads must be known there)."""
-    if reader.prim in (Prim.SLICE, Prim.PAD):
+class _Sinker:
+    """The work below a transpose T(x) that can run on x instead: elementwise work, reductions,
+    broadcasts, slices, pads and concatenations of what T(x) computes, their other inputs
+    scalars known before the transpose or constants (transposed back). A set of that work (its
+    members, by output value) is closed: what a member reads from the work is a member's."""
+
+    def __init__(self, maps: _Maps, i: int):
+        self.g, self.readers, self.index, self.i = maps.g, maps.readers, maps.index, i
+        root = self.g.nodes[i]
+        self.root, self.x, self.t = root, root.inputs[0], root.outputs[0]
+        self.perm = tuple(root.a["perm"])
+        self.back = _inverse(self.perm)
+
+    def _node(self, v: str) -> Node:
+        return self.g.nodes[self.index[v]]
+
+    def grown(self) -> set[str]:
+        """All such work, up to _REGION primitives."""
+        members: set[str] = set()
+        seen: set[str] = set()
+        todo = [(self.index[r.outputs[0]], r.outputs[0]) for r in self.readers.get(self.t, [])]
+        heapq.heapify(todo)
+        while todo and len(members) < _REGION:
+            _, out = heapq.heappop(todo)
+            if out in seen:
+                continue
+            seen.add(out)  # in graph order: whatever it reads from the work has been decided
+            if self._joins(self._node(out), members):
+                members.add(out)
+                for r in self.readers.get(out, []):
+                    heapq.heappush(todo, (self.index[r.outputs[0]], r.outputs[0]))
+        return members
+
+    def _joins(self, node: Node, members: set[str]) -> bool:
+        if len(node.outputs) != 1 or not (
+            node.kind is Kind.ELEMENTWISE or node.prim in _REDUCES or node.prim in _ALONG
+        ):
+            return False
+        if node.prim is Prim.BROADCAST and self.g.types[node.inputs[0]].rank != len(self.perm):
+            return False
+        for u in node.inputs:
+            if u == self.t or u in members:
+                continue
+            scalar = self.g.types[u].rank == 0
+            if u in self.g.constants and (scalar or node.prim not in (Prim.SLICE, Prim.PAD)):
+                continue  # a constant is transposed back
+            if not (scalar and self.index.get(u, -1) < self.i):
+                return False  # (the work is written where the transpose was)
         return True
-    others = [u for u in reader.inputs if u != t]
-    return reader.kind is Kind.ELEMENTWISE and all(
-        maps.g.types[u].rank == 0 and maps.index.get(u, -1) < i for u in others
-    )
+
+    def trimmed(self, members: set[str]) -> set[str]:
+        """The cheapest of the sets met while peeling members that no member reads off one at
+        a time, always the one whose leaving costs least (a slice that a larger pad reads
+        stays, the pad goes)."""
+        members = set(members)
+        net = sum(self._value_cost(v, members) for v in (self.t, *members))
+        best, best_net = set(members), net
+        while members:
+            leaves = [v for v in members if not any(r.outputs[0] in members for r in self.readers.get(v, []))]
+            delta, out = min((self._peel_cost(members, v), v) for v in leaves)
+            members.discard(out)
+            net += delta
+            if net <= best_net:
+                best, best_net = set(members), net
+        return best
+
+    def _peel_cost(self, members: set[str], out: str) -> int:
+        """How the cost changes when member `out`, which no member reads, leaves the set."""
+        fewer = members - {out}
+        read = {u for u in self._node(out).inputs if u == self.t or u in members}
+        return -self._value_cost(out, members) + sum(
+            self._value_cost(u, fewer) - self._value_cost(u, members) for u in read
+        )
+
+    def _value_cost(self, v: str, members: set[str]) -> int:
+        """Elements transposed for v's readers outside the members, less those the transposes
+        among them moved before."""
+        plain, composed = self._leaving(v, members)
+        cost = self._plain_cost(v, plain) if plain else 0
+        return cost + sum(self._composed_cost(q) - _cost(self.g, self.readers, q) for q in composed)
+
+    def costs(self, members: set[str]) -> tuple[int, int]:
+        """Elements transposed before and after moving the transpose after `members`: the
+        root and the transposes that read what they compute, against the transposes of the
+        values that leave them."""
+        before, after = _cost(self.g, self.readers, self.root), 0
+        for v in (self.t, *members):
+            plain, composed = self._leaving(v, members)
+            after += self._plain_cost(v, plain) if plain else 0
+            before += sum(_cost(self.g, self.readers, q) for q in composed)
+            after += sum(self._composed_cost(q) for q in composed)
+        return before, after
+
+    def _leaving(self, v: str, members: set[str]) -> tuple[list[Node | None], list[Node]]:
+        """v's readers outside the members (None for a graph output), and the transposes among them."""
+        plain: list[Node | None] = [None] if v in self.g.outputs else []
+        composed = []
+        for r in self.readers.get(v, []):
+            if r.outputs[0] not in members:
+                (composed if r.prim is Prim.TRANSPOSE else plain).append(r)
+        return plain, composed
+
+    def _plain_cost(self, v: str, readers: list[Node | None]) -> int:
+        swap = self.perm == _swap_last(len(self.perm))
+        if swap and all(r is not None and r.prim is Prim.MATMUL for r in readers):
+            return 0
+        return self.g.types[v].numel
+
+    def _then(self, q: Node) -> tuple[int, ...]:
+        """The one transpose that does the root's and then q's."""
+        return tuple(self.perm[k] for k in q.a["perm"])
+
+    def _composed_cost(self, q: Node) -> int:
+        perm = self._then(q)
+        return 0 if _identity(perm) else _cost(self.g, self.readers, q, perm)
+
+    def emit(self, members: set[str]) -> Graph:
+        em = Emitter(self.g, self.root.origin)
+        new = {self.t: self.x}
+        order = sorted(members, key=self.index.__getitem__)  # (sets differ in order between runs)
+        for out in order:
+            node = self._node(out)
+            prim, attrs = _moved(node, self.back)
+            inputs = [self._untransposed(em, u, new) for u in node.inputs]
+            new[out] = em.emit(prim, inputs, origin=node.origin, **attrs)
+        renamed = {}
+        for v in (self.t, *order):
+            plain, composed = self._leaving(v, members)
+            if plain:
+                renamed[v] = em.emit(Prim.TRANSPOSE, [new[v]], perm=self.perm)
+            for q in composed:
+                perm = self._then(q)
+                renamed[q.outputs[0]] = (
+                    new[v] if _identity(perm) else em.emit(Prim.TRANSPOSE, [new[v]], perm=perm)
+                )
+        return replace_values(self.g, self.i, em, renamed)
+
+    def _untransposed(self, em: Emitter, u: str, new: dict[str, str]) -> str:
+        if u in new:
+            return new[u]
+        if u in self.g.constants and self.g.types[u].rank:
+            return em.const(_transposed(self.g.constants[u], self.back))
+        return u
 
 
 def _cost(graph: Graph, readers: dict[str, list[Node]], node: Node, perm=None) -> int:
@@ -253,7 +399,7 @@ class _Puller:
         if _identity(perm):
             out = v
         elif v in self.g.constants:
-            out = em.const(np.transpose(self.g.constants[v], perm))
+            out = em.const(_transposed(self.g.constants[v], perm))
         elif way is None or key in way.leaves:
             out = em.emit(Prim.TRANSPOSE, [v], perm=perm)
         else:
@@ -286,6 +432,12 @@ def _ancestors(producer: dict[str, Node], x: str) -> set[str]:
     return found
 
 
+def _transposed(array: np.ndarray, perm: tuple[int, ...]) -> np.ndarray:
+    """A constant transposed, with leading axes of size 1 added first when it has fewer (as
+    broadcasting aligns it)."""
+    return np.transpose(array.reshape((1,) * (len(perm) - array.ndim) + array.shape), perm)
+
+
 def _identity(perm) -> bool:
     return tuple(perm) == tuple(range(len(perm)))
 
@@ -300,9 +452,11 @@ def _moves(graph: Graph, node: Node, perm: tuple[int, ...]) -> list[tuple[str, t
     rank = len(perm)
     if node.kind is Kind.ELEMENTWISE:
         return [(u, perm if graph.types[u].rank else ()) for u in node.inputs]
+    if node.prim is Prim.BROADCAST:
+        (u,) = node.inputs
+        if graph.types[u].rank != rank and u not in graph.constants:
+            return None  # (a bias broadcast from fewer axes is transposed as a constant)
     if node.prim in _REDUCES or node.prim in _ALONG:
-        if node.prim is Prim.BROADCAST and graph.types[node.inputs[0]].rank != rank:
-            return None
         return [(u, perm) for u in node.inputs]
     if node.prim is Prim.MATMUL:
         a, b = node.inputs
