@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 
-from korch.errors import CheckFailed, KorchError
+import onnx
+
+from korch.errors import CheckFailed, KorchError, ShapeError
 from korch.frontend import FissionResult, import_onnx
 from korch.graph_io import load_graph, save_graph
 from korch.ir import Graph
@@ -35,12 +38,15 @@ def check_fission(result: FissionResult, seed: int = 0) -> float:
 
 
 def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, **options):
-    """Optimize an ONNX model (path or ModelProto), or a torch.nn.Module with example inputs (a
-    tensor or a tuple of them, fixing the shapes), into a runnable, saveable Plan."""
+    """Optimize an ONNX model (path, bytes or ModelProto; `shapes={"x": (1, 3, 224, 224)}` pins
+    symbolic input dimensions), or a torch.nn.Module with example inputs (a tensor or a tuple of
+    them, fixing the shapes), into a runnable, saveable Plan. `options` are OptimizeOptions'
+    fields (backends="onnxruntime,vendor", time_budget=60, cache=..., ...)."""
     from korch.pipeline import OptimizeOptions, optimize_fission
     from korch.pipeline import optimize as _optimize
 
-    opts = OptimizeOptions(device=device, **options)
+    opts = OptimizeOptions(device=device, **_known_options(options, OptimizeOptions))
+    opts.check_device()
     if _is_torch_module(model):
         from korch.frontend.torch_import import import_torch
 
@@ -49,9 +55,23 @@ def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, **opt
         if not isinstance(example_inputs, (tuple, list)):
             example_inputs = (example_inputs,)
         return optimize_fission(import_torch(model, example_inputs), opts)
+    if not isinstance(model, (str, os.PathLike, bytes, onnx.ModelProto)):
+        raise KorchError(
+            "korch.optimize takes an ONNX model (a file path, its bytes or an onnx.ModelProto) or a "
+            f"torch.nn.Module with example_inputs, got {type(model).__name__}"
+        )
     if example_inputs is not None:
         raise KorchError("example_inputs are for PyTorch modules; ONNX models take shapes=")
     return _optimize(model, shapes=shapes, options=opts)
+
+
+def _known_options(options: dict, cls) -> dict:
+    """A misspelt option is bad input like any other, not a TypeError from a dataclass."""
+    known = {f.name for f in dataclasses.fields(cls)} - {"device"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise KorchError(f"unknown options {unknown}; known: {', '.join(sorted(known))}")
+    return options
 
 
 def _is_torch_module(model) -> bool:
@@ -77,6 +97,7 @@ __all__ = [
     "Kind",
     "KorchError",
     "Prim",
+    "ShapeError",
     "TensorType",
     "check_fission",
     "fission",

@@ -7,11 +7,13 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter
+from pathlib import Path
 
-from korch.cli_args import build_parser
+from korch.cli_args import UsageError, build_parser
 from korch.errors import CheckFailed, KorchError, first_line
 
 FISSION_TOLERANCE = 1e-4
@@ -25,6 +27,7 @@ def _log(args, message: str) -> None:
 def _emit(args, payload: dict, human: str) -> None:
     if args.json:
         print(json.dumps(payload))
+        args.emitted = True  # its one JSON object: a check failing after it adds no other
     else:
         print(human)
 
@@ -115,7 +118,10 @@ def cmd_optimize(args) -> int:
     )
     _check_device(args.device)
     plan = optimize(args.model, shapes=dict(args.shape or []), options=options, strict=args.strict)
-    plan.save(args.output)
+    try:
+        plan.save(args.output)
+    except OSError as e:  # the place was writable when checked, minutes ago
+        raise KorchError(f"cannot write {args.output} ({e.strerror or e})") from None
     meta = plan.meta
     payload = {
         "kernels": len(plan.kernels),
@@ -157,14 +163,31 @@ def cmd_optimize(args) -> int:
 
 
 def _check_plan_target(path) -> None:
-    """Refuse an output that save would refuse, before spending minutes on profiling."""
-    from pathlib import Path
-
+    """Refuse an output that save would refuse or could not write, before spending minutes on
+    profiling."""
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise KorchError(f"-o {target}: exists and is not a directory")
     if target.is_dir() and not (target / "plan.json").exists() and any(target.iterdir()):
         raise KorchError(f"-o {target}: exists and is not a plan directory; not overwriting it")
+    _check_writable(target)
+
+
+def _check_writable(target: Path) -> None:
+    """Plan.save creates the plan's parent directories and a directory beside the plan to write
+    into. Creating (and removing) a directory in the nearest place that exists tries the same
+    without leaving anything behind, not even the parents: the model may yet be refused."""
+    existing = target.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise KorchError(f"cannot write {target}: {existing} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".korch-probe-"))
+    except OSError as e:
+        raise KorchError(
+            f"cannot write {target}: cannot create a directory in {existing} ({e.strerror or e})"
+        ) from None
 
 
 def _check_device(device: str) -> None:
@@ -182,39 +205,73 @@ def _load_plan(path, args):
     return Plan.load(path, allow_mismatch=args.allow_version_mismatch)
 
 
+_NPZ_HELP = "--inputs wants an .npz of named arrays (numpy.savez)"
+
+
 def _read_inputs(path) -> dict:
+    """numpy.load takes any file that is neither an .npz (a zip) nor an .npy for a pickle, and
+    its refusal (allow_pickle=) would send the user after the wrong problem: the kind of file is
+    read from its first bytes first."""
     import numpy as np
 
+    head = _first_bytes(path, 6)
+    if head.startswith(b"\x93NUMPY"):
+        raise KorchError(f"{path}: a single array (.npy); {_NPZ_HELP}")
+    if not head.startswith(b"PK"):
+        raise KorchError(f"{path}: not an .npz of arrays; {_NPZ_HELP}")
     try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ValueError("a single array; --inputs wants an .npz of named arrays (numpy.savez)")
-        with data:
+        with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise KorchError(f"{path}: no such file") from None
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # an object array: reading it would run pickled code
+            raise KorchError(f"{path}: holds Python objects, not plain arrays; {_NPZ_HELP}") from None
+        raise KorchError(f"{path}: cannot read inputs (ValueError: {e})") from None
     except Exception as e:  # numpy and zipfile raise assorted types on damaged files
         raise KorchError(f"{path}: cannot read inputs ({type(e).__name__}: {e})") from None
+
+
+def _first_bytes(path, n: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except FileNotFoundError:
+        raise KorchError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise KorchError(f"{path}: is a directory; {_NPZ_HELP}") from None
+    except OSError as e:
+        raise KorchError(f"{path}: cannot read inputs ({e.strerror or e})") from None
 
 
 def cmd_run(args) -> int:
     import numpy as np
 
+    written = _outputs_path(args.output) if args.output else None
     plan = _load_plan(args.plan, args)
     feeds = _read_inputs(args.inputs) if args.inputs else plan.random_inputs(args.seed)
     outs = plan.run(feeds)
-    if args.output:
+    if written is not None:
         try:
-            np.savez(args.output, **outs)
+            np.savez(written, **outs)
         except OSError as e:
-            raise KorchError(f"{args.output}: cannot write outputs ({e.strerror or e})") from None
+            raise KorchError(f"{written}: cannot write outputs ({e.strerror or e})") from None
     payload = {
         "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outs.items()},
-        "written": args.output,
+        "written": str(written) if written is not None else None,
     }
-    human = "\n".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in outs.items())
-    _emit(args, payload, human)
+    human = [f"{k}: {v.dtype}{list(v.shape)}" for k, v in outs.items()]
+    if written is not None:
+        human.append(f"wrote {written}")
+    _emit(args, payload, "\n".join(human))
     return 0
+
+
+def _outputs_path(output: str) -> Path:
+    """Where --output really goes: numpy.savez adds .npz to any other name, so it is added here
+    and reported; a directory would become DIR.npz beside it, so it is refused."""
+    path = Path(output)
+    if path.is_dir():
+        raise KorchError(f"--output {output}: is a directory; name the .npz file to write")
+    return path if path.name.endswith(".npz") else path.with_name(path.name + ".npz")
 
 
 def cmd_verify(args) -> int:
@@ -232,11 +289,11 @@ def cmd_verify(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from pathlib import Path
-
-    from korch.bench import bench, check_peers
+    from korch.bench import PEERS, bench, check_peers
 
     peers = tuple(p.strip() for p in args.vs.split(",") if p.strip())
+    if not peers:  # korch timed alone has no peer to be faster than: a slip, as for --backends
+        raise KorchError(f"--vs names no peer: {args.vs!r}; available: {', '.join(PEERS)}")
     check_peers(peers)  # before any optimizing
     target = Path(args.target)
     if target.is_dir():
@@ -285,8 +342,6 @@ _MODEL_ONLY_BENCH_FLAGS = {"--time-budget": "time_budget", "--shape": "shape", "
 
 
 def cmd_explain(args) -> int:
-    from pathlib import Path
-
     from korch import explain
     from korch.plan import Plan
 
@@ -360,8 +415,26 @@ def _configure_logging(verbose: bool) -> None:
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
 
 
+def _fail(wants_json: bool, kind: str, message: str, code: int) -> int:
+    """A failed command's one line on stderr; with --json, also the one JSON object it owes
+    stdout, so that a script reading stdout learns why there is no result."""
+    print(f"korch: {kind}: {message}", file=sys.stderr)
+    if wants_json:
+        print(json.dumps({"error": message}))
+    return code
+
+
+def _owes_json(args) -> bool:
+    """--json was given and nothing printed yet (a failed check follows its report)."""
+    return getattr(args, "json", False) and not getattr(args, "emitted", False)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:  # nothing parsed: whether JSON was asked for is read from the words
+        return _fail("--json" in argv, "error", str(e), 2)
     command = COMMANDS[args.command]
     _configure_logging(args.verbose)
     try:
@@ -370,23 +443,17 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KorchError as e:
-        print(f"korch: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(_owes_json(args), "error", str(e), 2)
     except CheckFailed as e:
-        print(f"korch: check failed: {e}", file=sys.stderr)
-        return 1
+        return _fail(_owes_json(args), "check failed", str(e), 1)
     except KeyboardInterrupt:
         print("korch: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a korch bug or an input we did not foresee: still one line
         if args.verbose:
             traceback.print_exc()
-        line = first_line(e)
-        print(
-            f"korch: error: unexpected {type(e).__name__}: {line} (--verbose shows the traceback)",
-            file=sys.stderr,
-        )
-        return 2
+        line = f"unexpected {type(e).__name__}: {first_line(e)} (--verbose shows the traceback)"
+        return _fail(_owes_json(args), "error", line, 2)
 
 
 if __name__ == "__main__":

@@ -4,15 +4,23 @@ errors are bad input: one line on stderr and exit code 2 (korch.cli runs the com
 from __future__ import annotations
 
 import argparse
-import sys
+
+from korch.errors import KorchError
+
+
+class UsageError(KorchError):
+    """A command line the grammar refuses."""
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors are bad input: one line on stderr and exit code 2."""
+    """Usage errors are bad input like any other: raised, not printed, so that korch.cli reports
+    them the one way it reports every error (one line on stderr; with --json, a JSON object)."""
 
     def error(self, message: str):
-        sys.stderr.write(f"korch: error: {message} (see `{self.prog} --help`)\n")
-        sys.exit(2)
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+_VERBOSE = "log korch's notes, and print tracebacks for unexpected errors"
 
 
 def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -68,13 +76,14 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    # --verbose is korch's, but users add it after the command too, where the error messages
+    # that suggest it leave them; SUPPRESS keeps the command from resetting one given before it
+    p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="korch", description="Optimal kernel orchestration for tensor programs.")
-    parser.add_argument(
-        "--verbose", action="store_true", help="log korch's notes, and print tracebacks for unexpected errors"
-    )
+    parser.add_argument("--verbose", action="store_true", help=_VERBOSE)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("fission", help="split every operator of an ONNX model into primitives")

@@ -5,6 +5,11 @@ class KorchError(Exception):
     """Bad input or an unsupported request; the CLI prints the message on one line and exits 2."""
 
 
+class ShapeError(KorchError):
+    """An input shape the model cannot take: a pin (--shape, shapes=) naming an unknown input or
+    contradicting the model's rank or a fixed dimension, or symbolic dimensions left unpinned."""
+
+
 class CheckFailed(Exception):
     """A numerical check did not pass; the CLI exits 1."""
 

@@ -6,11 +6,13 @@ import dataclasses
 import hashlib
 import logging
 import math
+import numbers
 import os
 import statistics
+import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -65,6 +67,55 @@ class OptimizeOptions:
     measure: bool = True  # time each plan in place (meta["measured"]) and re-solve with those timings
     refine_rounds: int = 2  # re-solves with in-place timings (when measure is on)
     rewrite: bool = True  # rewrites of the graph that save work (korch.rewrite)
+
+    def __post_init__(self):
+        """Check values as the CLI's flags are checked, so a Python caller gets the same one-line
+        KorchError before any work instead of a raw exception (or silence) minutes later."""
+        if self.backends is not None:
+            object.__setattr__(self, "backends", _backend_names(self.backends))
+        budget = self.time_budget
+        if budget is not None and not (_is_number(budget) and budget >= 0):  # NaN fails >= too
+            raise KorchError(f"time_budget must be a number of seconds, at least 0, got {budget!r}")
+        if not (_is_int(self.max_size) and self.max_size >= 1):
+            raise KorchError(f"max_size must be an int, at least 1, got {self.max_size!r}")
+        if self.jobs is not None and not (_is_int(self.jobs) and self.jobs >= 1):
+            raise KorchError(f"jobs must be an int, at least 1, got {self.jobs!r}")
+        if self.executor not in ("local", "ray"):
+            raise KorchError(f"executor must be 'local' or 'ray', got {self.executor!r}")
+
+    def check_device(self) -> None:
+        """The device exists on this machine: a separate check, since options may describe a
+        run elsewhere, and torch's own error for a missing GPU is a bare AssertionError."""
+        import torch
+
+        kind, colon, index = self.device.partition(":") if isinstance(self.device, str) else ("", "", "")
+        if kind not in ("cpu", "cuda") or colon and (kind == "cpu" or not index.isdigit()):
+            raise KorchError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise KorchError(f"device {self.device!r}: no CUDA device is available")
+        count = torch.cuda.device_count() if index else 0
+        if index and int(index) >= count:
+            raise KorchError(f"device {self.device!r}: this machine has {count} CUDA devices")
+
+
+def _backend_names(backends) -> tuple[str, ...]:
+    """A tuple of names, from one comma-separated string as on the command line (a bare string
+    would otherwise be iterated letter by letter) or any iterable of names."""
+    parts = backends.split(",") if isinstance(backends, str) else backends
+    if not isinstance(parts, Iterable) or isinstance(parts, bytes):
+        raise KorchError(f"backends wants names, e.g. 'onnxruntime,vendor', got {backends!r}")
+    names = tuple(str(n).strip() for n in parts if str(n).strip())
+    if not names:
+        raise KorchError(f"backends names no backend: {backends!r}")
+    return names
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy scalars too
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def add_seeds(graph: Graph, found: CandidateSet) -> int:
@@ -164,6 +215,7 @@ def optimize(
     strict: bool = False,
 ) -> Plan:
     started = time.perf_counter()
+    options.check_device()  # before the import: a missing GPU should not cost a fission first
     return optimize_fission(import_onnx(model, shapes=shapes, strict=strict), options, started)
 
 
@@ -185,6 +237,11 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
             found.candidates.append(original[0])
             specs[original[0].key] = original[1]
             seeds += 1
+        _say(
+            options,
+            f"{len(graph.nodes)} primitives ({len(rewrites)} rewrites), {len(found.candidates)} "
+            f"candidates ({time.perf_counter() - started:.1f}s)",
+        )
         profiles = profile(
             graph,
             found,
@@ -271,6 +328,11 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         plan = make_plan(solution)
         measured = plan.meta["measured"] = measure_in_place(plan, spread_s=options.min_time * SPREAD)
         measured_plans.append((plan, solution))
+        _say(
+            options,
+            f"plan {len(measured_plans)} measured in place: {len(plan.kernels)} kernels, "
+            f"{measured['ms']:.3f} ms (predicted {plan.predicted_ms:.3f})",
+        )
         # minima: a shared machine's interference inflates medians of a few runs, never minima
         if best is None or measured["min_ms"] < best[0].meta["measured"]["min_ms"]:
             best = (plan, solution)
@@ -294,7 +356,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
             measure(whole, calibrating=False)
         except Exception as e:  # built and run here, not in a worker: out of memory, say
             log.warning("korch: a whole-graph plan could not be measured in place (%s)", first_line(e, 160))
-    best, runoff = _runoff(best, measured_plans, options.min_time * SPREAD)
+    best, runoff = _runoff(best, measured_plans, options.min_time * SPREAD, options)
     best[0].meta["refine"] = [
         {
             "kernels": len(plan.kernels),
@@ -309,7 +371,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
     return best
 
 
-def _runoff(best, measured: list, spread_s: float):
+def _runoff(best, measured: list, spread_s: float, options: OptimizeOptions | None = None):
     """Plans measured at different moments were compared by numbers a neighbour's burst may have
     doubled: the fastest and those within RUNOFF of it run again side by side (runtime.interleave:
     alternating blocks, a pause between them for the previous plan's spinning thread pools to go
@@ -319,6 +381,7 @@ def _runoff(best, measured: list, spread_s: float):
     close = [m for m in measured if m[0].meta["measured"]["min_ms"] <= limit]
     if len(close) < 2:
         return best, None
+    _say(options, f"{len(close)} plans within {RUNOFF - 1:.0%} of the fastest run again side by side")
     calls = {}
     for i, (plan, _) in enumerate(close):
         exe = plan.executable()
@@ -355,6 +418,12 @@ def measure_in_place(plan: Plan, repeats: int = 5, spread_s: float = 0.0) -> dic
         "kernels_ms": [round(t, 6) for t in steps],
         "predicted_over_measured": round(plan.predicted_ms / total, 4) if total else None,
     }
+
+
+def _say(options: OptimizeOptions | None, message: str) -> None:
+    """A line of progress on stderr (the phases before and after profiling take seconds too)."""
+    if options is not None and options.progress:
+        print(f"korch: {message}", file=sys.stderr, flush=True)
 
 
 def _versions(backends) -> dict[str, str]:

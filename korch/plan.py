@@ -7,8 +7,8 @@ import hashlib
 import json
 import os
 import platform
+import secrets
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from korch.prims import TensorType
 FORMAT = "korch.plan/1"
 
 
-@dataclass
+@dataclass(repr=False)
 class PlanKernel:
     backend: str
     spec: KernelSpec  # spec.inputs / spec.outputs name values of the model graph
@@ -32,8 +32,15 @@ class PlanKernel:
     nodes: tuple[int, ...] = ()  # primitive indices in the model graph, for reports
     free_after: tuple[str, ...] = ()  # values no later kernel reads: released after this kernel
 
+    def __repr__(self) -> str:
+        # the spec's graph may hold the whole source model's bytes
+        return (
+            f"PlanKernel(backend={self.backend!r}, key={self.spec.key!r}, "
+            f"primitives={len(self.nodes)}, cost_ms={self.cost_ms:.4g})"
+        )
 
-@dataclass
+
+@dataclass(repr=False)
 class Plan:
     inputs: list[tuple[str, TensorType]]
     outputs: list[tuple[str, str]]  # (value, output name)
@@ -45,6 +52,15 @@ class Plan:
     model: object = field(default=None, repr=False)  # the pinned ONNX model, for `korch verify`
     graph: Graph | None = field(default=None, repr=False)  # the whole primitive graph, for reports
     _executable: object = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        # a summary: the fields hold the weights, kernel graphs and the source model's bytes
+        inputs = ", ".join(f"{name}: {t}" for name, t in self.inputs)
+        outputs = ", ".join(name for _, name in self.outputs)
+        return (
+            f"Plan(device={self.device!r}, kernels={len(self.kernels)}, inputs=[{inputs}], "
+            f"outputs=[{outputs}], predicted_ms={self.predicted_ms:.4g})"
+        )
 
     # -------------------------------------------------------------- execution
     def executable(self):
@@ -66,7 +82,7 @@ class Plan:
         directory = Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_temporaries(directory)
-        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp{os.getpid()}-"))
+        tmp = _fresh_sibling(directory)
         try:
             arrays = dict(self.weights)  # one copy of each large array, shared with the graph
             graph_doc = None
@@ -119,6 +135,8 @@ class Plan:
         try:
             doc = json.loads((directory / "plan.json").read_text())
         except FileNotFoundError:
+            if not directory.exists():
+                raise KorchError(f"{directory}: no such plan directory") from None
             raise KorchError(f"{directory}: not a plan directory (no plan.json)") from None
         except (OSError, ValueError) as e:
             raise KorchError(f"{directory}: unreadable plan ({e})") from None
@@ -183,6 +201,19 @@ class Plan:
         else:
             want = reference.run(self.graph, feeds)
         return check.compare_outputs(self.run(feeds), want)
+
+
+def _fresh_sibling(directory: Path) -> Path:
+    """A new directory beside `directory` to write the plan into, then rename. Not
+    tempfile.mkdtemp: that makes it 0700 whatever the umask, the rename keeps that mode, and
+    other users could not read a plan shared with them. mkdir applies the umask as usual."""
+    while True:
+        tmp = directory.parent / f".{directory.name}.tmp{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:  # another save in this process drew the same name
+            continue
 
 
 def _remove_dead_temporaries(directory: Path) -> None:

@@ -243,6 +243,7 @@ class _Progress:
     def __init__(self, total: int, label: str, enabled: bool, deadline: float | None = None):
         self.total, self.label, self.enabled, self.deadline = total, label, enabled, deadline
         self.done, self.failed, self.start, self.last = 0, 0, time.time(), 0.0
+        self._show()  # (the first results take seconds: workers start and import first)
 
     def skip(self, count: int) -> None:
         """Jobs dropped at the deadline: the count (and the finished line) no longer waits for them."""
@@ -263,7 +264,9 @@ class _Progress:
             eta = (now - self.start) / max(self.done, 1) * (self.total - self.done)
             if self.deadline is not None:  # a --time-budget ends it sooner (then skip says how many)
                 eta = min(eta, max(self.deadline - now, 0.0))
-            line = f"{self.label}: {self.done}/{self.total} ({self.failed} failed), ETA {eta:5.0f}s"
+            # too few done to extrapolate from (the first include the workers' start)
+            guess = f"{eta:5.0f}s" if self.done >= min(10, self.total) else "    ?"
+            line = f"{self.label}: {self.done}/{self.total} ({self.failed} failed), ETA {guess}"
             end = "\n" if self.done == self.total or not tty else ""
             sys.stderr.write(("\r" if tty else "") + line + " " + end)
             sys.stderr.flush()

@@ -10,12 +10,18 @@ from korch.errors import KorchError
 from korch.ir import Graph
 
 
+def mismatch(missing: list[str], unexpected: list[str]) -> str:
+    """What differs between the inputs given and those wanted, naming only what there is."""
+    parts = [f"missing {missing}"] * bool(missing) + [f"unexpected {unexpected}"] * bool(unexpected)
+    return ", ".join(parts)
+
+
 def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Match feeds to the graph's inputs by name, with exact shapes and dtypes."""
     missing = [n for n in graph.inputs if n not in inputs]
     extra = [n for n in inputs if n not in graph.inputs]
     if missing or extra:
-        raise KorchError(f"inputs do not match the graph: missing {missing}, unexpected {extra}")
+        raise KorchError(f"inputs do not match the graph: {mismatch(missing, extra)}")
     feeds = {}
     for name in graph.inputs:
         array = np.asarray(inputs[name])

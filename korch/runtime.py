@@ -15,6 +15,7 @@ import torch
 from korch.backends import all_backends, compile_with, device_intervals, synchronize
 from korch.backends.torch_ops import DTYPES
 from korch.errors import KorchError, first_line
+from korch.reference import mismatch
 
 log = logging.getLogger("korch")
 
@@ -40,6 +41,18 @@ class Executable:
                 compiled[ident] = compile_with(backend, k.spec, device, weights)
             self.steps.append((compiled[ident].fn, k.spec.inputs, k.spec.outputs, k.free_after))
         self.weights = {v: torch.as_tensor(np.array(a)).to(device) for v, a in plan.weights.items()}
+        # each kernel's arguments with the weights in place once, here: a call fills in only the
+        # values computed at run time (a source model run whole reads some 200 weights)
+        self.steps = [
+            (
+                fn,
+                [self.weights.get(v) for v in ins],
+                [(i, v) for i, v in enumerate(ins) if v not in self.weights],
+                outs,
+                free,
+            )
+            for fn, ins, outs, free in self.steps
+        ]
         self.input_names = [n for n, _ in plan.inputs]
         self.input_types = dict(plan.inputs)
         self._cuda_graph = None  # (graph, static inputs, static outputs) once captured; False: cannot
@@ -81,17 +94,19 @@ class Executable:
 
     def _run(self, feeds: dict[str, torch.Tensor], mark: Callable[[], None] | None = None) -> list:
         """Every kernel in order; `mark` is called before the first kernel and after each."""
-        env = dict(self.weights)
-        env.update(feeds)
+        env = dict(feeds)
         if mark is not None:
             mark()
-        for fn, ins, outs, free in self.steps:
-            env.update(zip(outs, fn(*[env[v] for v in ins])))
+        for fn, args, computed, outs, free in self.steps:
+            args = list(args)
+            for i, v in computed:
+                args[i] = env[v]
+            env.update(zip(outs, fn(*args)))
             if mark is not None:
                 mark()
             for v in free:
                 env.pop(v, None)
-        return [env[v] for v, _ in self.plan.outputs]
+        return [env[v] if v in env else self.weights[v] for v, _ in self.plan.outputs]
 
     def time_steps(self, feeds: dict[str, torch.Tensor], repeats: int = 5, spread_s: float = 0.0):
         """(median ms, minimum ms) of the whole plan and the median ms of each kernel in place (in
@@ -143,13 +158,16 @@ class Executable:
         missing = [n for n in self.input_names if n not in given]
         unknown = [n for n in given if n not in self.input_types]
         if missing or unknown:
-            raise KorchError(f"inputs do not match the plan: missing {missing}, unexpected {unknown}")
+            raise KorchError(f"inputs do not match the plan: {mismatch(missing, unknown)}")
         feeds = {}
         for name, value in given.items():
             t = self.input_types[name]
             tensor = torch.as_tensor(value) if not isinstance(value, torch.Tensor) else value
             if tuple(tensor.shape) != t.shape or tensor.dtype != DTYPES[t.dtype]:
-                raise KorchError(f"input {name!r} is {tensor.dtype}{list(tensor.shape)}, the plan wants {t}")
+                dtype = str(tensor.dtype).removeprefix("torch.")
+                raise KorchError(
+                    f"input {name!r} is {dtype}{list(tensor.shape)}, the plan wants {t.dtype}{list(t.shape)}"
+                )
             feeds[name] = tensor.to(self.plan.device)
         return feeds
 

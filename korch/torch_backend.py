@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 
 import torch
@@ -22,7 +23,8 @@ def korch_backend(gm: torch.fx.GraphModule, example_inputs: Sequence, options: d
     them as inputs). Graphs korch cannot lower run eagerly, with one warning each."""
     opts = _options(options, example_inputs)
     try:
-        return compile_graph(gm, list(example_inputs), opts)
+        with outside_dynamo():
+            return compile_graph(gm, list(example_inputs), opts)
     except Exception as e:  # korch must never break the user's program: eager is always correct
         warnings.warn(
             f"korch: running this graph eagerly ({type(e).__name__}: {error_line(e)})", stacklevel=2
@@ -45,6 +47,19 @@ def _options(options: dict | None, example_inputs: Sequence) -> dict:
     return opts
 
 
+@contextlib.contextmanager
+def outside_dynamo() -> Iterator[None]:
+    """Dynamo calls its backend inside its tracing context, whose fake-tensor mode (with symbolic
+    shapes) make_fx, torch.export and Inductor adopt. korch's own tracing (torch.export of the
+    graph, make_fx and compile_fx of each Inductor kernel) must run on korch's real tensors, as it
+    does outside torch.compile, so both are set aside while korch works."""
+    from torch._guards import tracing
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with tracing(None), unset_fake_temporarily():
+        yield
+
+
 def weight_positions(gm: torch.fx.GraphModule, example_inputs: Sequence) -> list[int]:
     """Inputs Dynamo lifted from the module: parameters and buffers (by their source names)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -59,11 +74,14 @@ def weight_positions(gm: torch.fx.GraphModule, example_inputs: Sequence) -> list
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, opts: dict):
     """Lower, optimize and wrap one Dynamo graph; raises on anything korch cannot do."""
+    from torch._subclasses.fake_tensor import is_fake
+
     from korch.frontend.torch_import import import_torch
     from korch.pipeline import optimize_fission
 
-    if not all(isinstance(x, torch.Tensor) for x in example_inputs):
-        raise KorchError("symbolic or non-tensor graph inputs (compile with dynamic=False)")
+    # a plan is built for fixed shapes and profiled on real values
+    if not all(isinstance(x, torch.Tensor) and not is_fake(x) for x in example_inputs):
+        raise KorchError("symbolic, fake or non-tensor graph inputs (compile with dynamic=False)")
     if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
         raise KorchError("korch compiles inference graphs; use torch.no_grad() or requires_grad_(False)")
     freeze = opts.pop("freeze")

@@ -1,14 +1,19 @@
 """Worker processes that run profiling jobs one at a time each: a crash or a hang costs its job,
 not the run. A job's time limit starts when its worker is ready, not when the job is handed
 over: a fresh worker first imports torch, ONNX Runtime and korch (1.5-2.5 s on an idle 2-core
-machine, over 4 s beside a busy neighbour), and that is not the job's time."""
+machine, over 4 s beside a busy neighbour), and that is not the job's time.
+
+Ctrl-C in a terminal reaches the whole process group. Only the parent acts on it: it stops its
+workers (close), so the workers ignore it, as they would otherwise each print a traceback."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -20,18 +25,22 @@ _READY = {"ready": True}
 
 
 def _serve(conn, threads: int, run: Callable[[dict], dict]) -> None:
+    # (workers are born ignoring Ctrl-C, see start_process, except those of a pool started
+    # outside the main thread, where a process cannot change its signal handlers)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
 
     torch.set_num_threads(threads)
-    conn.send(_READY)
-    while True:
-        job = conn.recv()
-        if job is None:
-            return
-        try:
-            conn.send(run(job))
-        except Exception:
-            conn.send({"status": "failed", "reason": traceback.format_exc(limit=1)[-240:]})
+    with contextlib.suppress(EOFError, BrokenPipeError):  # the parent is gone: nothing to serve
+        conn.send(_READY)
+        while True:
+            job = conn.recv()
+            if job is None:
+                return
+            try:
+                conn.send(run(job))
+            except Exception:
+                conn.send({"status": "failed", "reason": traceback.format_exc(limit=1)[-240:]})
 
 
 @dataclass
@@ -111,7 +120,12 @@ class WorkerPool:
         self.workers[i] = self._spawn()
 
     def close(self) -> None:
+        """Idle workers are asked to leave. A worker still running a job (the run was
+        interrupted) or still importing is killed: it ignores Ctrl-C, and waiting for it would
+        keep an interrupted korch running for as long as its job or its imports take."""
         for w in self.workers:
+            if w.job is not None or not w.ready:
+                w.proc.kill()
             with contextlib.suppress(BrokenPipeError, OSError):
                 w.conn.send(None)
             w.proc.join(timeout=5)
@@ -131,7 +145,26 @@ def start_process(proc) -> None:
     if hide:
         del main.__file__
     try:
-        proc.start()
+        with _sigint_ignored():
+            proc.start()
     finally:
         if hide:
             main.__file__ = path
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """A child started while Ctrl-C is ignored ignores it too (an ignored signal stays ignored
+    across exec, and Python then installs no KeyboardInterrupt handler): so a worker ignores it
+    from its first instruction, through the imports it does before _serve runs. A Ctrl-C in the
+    milliseconds of the start itself is lost. Only the main thread may change signal handlers,
+    and a handler installed outside Python (getsignal says None) could not be put back."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

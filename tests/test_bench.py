@@ -68,6 +68,7 @@ def test_torch_peers_need_a_module(module_and_plan, capsys):
     with pytest.raises(KorchError, match="PyTorch module"):
         bench(plan, ("eager",), rounds=1)
     assert main(["bench", str(tmp / "plan"), "--vs", "eager", "--json"]) == 2
+    assert "PyTorch module" in json.loads(capsys.readouterr().out)["error"]
     assert main(["bench", str(tmp / "plan"), "--vs", "onnxruntime", "--rounds", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report["results"]) == {"korch", "onnxruntime"}

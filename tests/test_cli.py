@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -78,6 +79,7 @@ def test_failed_check_exits_1(small_model, monkeypatch, capsys):
 
 def test_missing_file(tmp_path):
     assert_one_line_error(*run_cli("fission", tmp_path / "nope.onnx"), match="no such file")
+    assert_one_line_error(*run_cli("fission", tmp_path), match="a directory, not an ONNX file")
 
 
 @pytest.mark.parametrize("content", [b"", b"\x00\x01garbage\xff" * 50, b"not an onnx model at all\n"])
@@ -230,3 +232,131 @@ def test_candidates_json(small_model):
 
 def test_candidates_bad_max_size(small_model):
     assert_one_line_error(*run_cli("candidates", small_model, "--max-size", "0"), match="--max-size")
+
+
+def run_main(argv, capsys):
+    """cli.main in this process (no torch import per call): exit code, stdout, stderr."""
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def identity_plan(tmp_path):
+    """A plan with no kernels (its output is its input): `korch run` without optimizing first."""
+    from korch.plan import Plan
+    from korch.prims import TensorType
+
+    path = tmp_path / "plan"
+    Plan([("x", TensorType((3, 16), "float32"))], [("x", "y")], [], {}).save(path)
+    return path
+
+
+@pytest.mark.parametrize("where", ["proc", "under-a-file"])
+def test_optimize_refuses_an_unwritable_output_before_any_work(where, small_model, tmp_path, capsys):
+    if where == "proc":
+        if not Path("/proc/self").is_dir():
+            pytest.skip("no /proc here")
+        target = Path("/proc/korch-plan")
+    else:
+        (tmp_path / "a-file").write_text("")
+        target = tmp_path / "a-file" / "sub" / "plan"
+    cache = tmp_path / "p.sqlite"
+    code, out, err = run_main(["optimize", small_model, "-o", target, "--cache", cache], capsys)
+    assert_one_line_error(code, out, err, match=f"cannot write {target}")
+    assert not cache.exists()  # refused before profiling began
+
+
+def test_the_output_check_leaves_nothing_behind(tmp_path, capsys):
+    """The probe creates no parents and no files: here the model is refused after it."""
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    argv = ["optimize", bad, "-o", tmp_path / "new" / "plan", "--cache", tmp_path / "p.sqlite"]
+    assert_one_line_error(*run_main(argv, capsys), match="not a valid ONNX model")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]
+
+
+def test_run_reports_the_file_numpy_really_wrote(identity_plan, tmp_path, capsys):
+    code, out, err = run_main(["run", identity_plan, "--output", tmp_path / "result3", "--json"], capsys)
+    assert code == 0, err
+    written = tmp_path / "result3.npz"
+    assert json.loads(out)["written"] == str(written) and written.is_file()
+    code, out, err = run_main(["run", identity_plan, "--output", tmp_path / "out.npz"], capsys)
+    assert code == 0, err
+    assert f"wrote {tmp_path / 'out.npz'}" in out.splitlines()
+    assert np.load(tmp_path / "out.npz")["y"].shape == (3, 16)
+
+
+def test_run_refuses_a_directory_as_output(identity_plan, tmp_path, capsys):
+    folder = tmp_path / "outputs"
+    folder.mkdir()
+    code, out, err = run_main(["run", identity_plan, "--output", folder], capsys)
+    assert_one_line_error(code, out, err, match="is a directory")
+    assert not (tmp_path / "outputs.npz").exists()
+
+
+@pytest.mark.parametrize("argv", [["--verbose", "fission"], ["fission", "--json", "--verbose"]])
+def test_verbose_goes_before_or_after_the_command(argv, small_model, capsys):
+    args = cli.build_parser().parse_args([*argv, str(small_model)])
+    assert args.verbose and args.command == "fission"
+    assert run_main([*argv, small_model], capsys)[0] == 0
+
+
+def test_verbose_is_off_by_default(small_model):
+    assert cli.build_parser().parse_args(["fission", str(small_model), "--json"]).verbose is False
+
+
+def test_an_onnx_file_is_not_taken_for_a_pickle(identity_plan, small_model, capsys):
+    code, out, err = run_main(["run", identity_plan, "--inputs", small_model], capsys)
+    assert_one_line_error(code, out, err, match="not an .npz of arrays")
+    assert "pickle" not in err
+
+
+def test_an_object_array_input_is_named_as_such(identity_plan, tmp_path, capsys):
+    np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}], dtype=object))
+    code, out, err = run_main(["run", identity_plan, "--inputs", tmp_path / "objects.npz"], capsys)
+    assert_one_line_error(code, out, err, match="holds Python objects")
+    assert "allow_pickle" not in err
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("boom\nsecond line")
+
+
+@pytest.mark.parametrize(
+    "case", ["bad-input", "usage", "unexpected", "bench-no-peers", "explain-missing", "run-inputs"]
+)
+def test_json_errors_are_one_object_on_stdout(
+    case, small_model, identity_plan, tmp_path, monkeypatch, capsys
+):
+    import korch
+
+    if case == "unexpected":
+        monkeypatch.setattr(korch, "fission", _boom)
+    argv = {
+        "bad-input": ["optimize", tmp_path / "nope.onnx", "-o", tmp_path / "plan", "--cache", tmp_path / "c"],
+        "usage": ["candidates", small_model, "--max-size", "0"],
+        "unexpected": ["fission", small_model],
+        "bench-no-peers": ["bench", identity_plan, "--vs", ""],
+        "explain-missing": ["explain", tmp_path / "nothere"],
+        "run-inputs": ["run", identity_plan, "--inputs", small_model],
+    }[case]
+    code, out, err = run_main([*argv, "--json"], capsys)
+    assert_one_line_error(code, out, err)
+    assert json.loads(out) == {"error": err.strip().removeprefix("korch: error: ")}
+    assert len(out.splitlines()) == 1
+    code, out, err = run_main(argv, capsys)  # without --json, stdout stays empty
+    assert_one_line_error(code, out, err)
+    assert out == ""
+
+
+def test_json_usage_error_in_a_real_process():
+    code, out, err = run_cli("zoo", "--frobnicate", "--json")
+    assert_one_line_error(code, out, err, match="unrecognized arguments")
+    assert "unrecognized arguments" in json.loads(out)["error"]
+
+
+@pytest.mark.parametrize("vs", ["", " , "])
+def test_bench_needs_a_peer(vs, identity_plan, capsys):
+    code, out, err = run_main(["bench", identity_plan, "--vs", vs, "--rounds", "1"], capsys)
+    assert_one_line_error(code, out, err, match="--vs names no peer")

@@ -114,6 +114,9 @@ def test_plan_rejects_wrong_inputs(model_path, tmp_path):
         plan(np.zeros((1, 3, 5, 5), "float32"))
     with pytest.raises(KorchError, match="missing"):
         plan()
+    x = np.zeros((1, 3, 6, 6), "float32")
+    with pytest.raises(KorchError, match=r"match the plan: unexpected \['z'\]$"):  # nothing missing
+        plan(x, z=x)
 
 
 def test_half_written_or_foreign_directories_are_not_plans(tmp_path):
@@ -177,15 +180,17 @@ def test_cli_optimize_run_verify(model_path, tmp_path):
 @pytest.mark.parametrize(
     "args,match",
     [
-        (["verify", "/nonexistent/plan"], "not a plan directory"),
-        (["run", "/nonexistent/plan"], "not a plan directory"),
+        (["verify", "/nonexistent/plan"], "no such plan directory"),
+        (["run", "/nonexistent/plan"], "no such plan directory"),
+        (["verify", "DIR"], "not a plan directory"),
         (["optimize", "/nonexistent.onnx", "-o", "/tmp/x"], "no such file"),
         (["optimize", "MODEL", "-o", "PLAN", "--backends", "nope"], "unknown backends"),
         (["optimize", "MODEL", "-o", "PLAN", "--device", "tpu"], "--device"),
     ],
 )
 def test_cli_bad_input(args, match, model_path, tmp_path):
-    args = [str(model_path) if a == "MODEL" else str(tmp_path / "p") if a == "PLAN" else a for a in args]
+    names = {"MODEL": model_path, "PLAN": tmp_path / "p", "DIR": tmp_path}
+    args = [str(names.get(a, a)) for a in args]
     code, out, err = run_cli(*args)
     assert code == 2 and "Traceback" not in err and match in err, err
 

@@ -37,10 +37,10 @@ def korch_warnings(record) -> list[str]:
     return [str(w.message) for w in record if str(w.message).startswith("korch:")]
 
 
-def run_compiled(module, x, cache):
+def run_compiled(module, x, cache, **options):
     with warnings.catch_warnings(record=True) as record, torch.no_grad():
         warnings.simplefilter("always")
-        compiled = torch.compile(module, backend="korch", options=fast_options(cache))
+        compiled = torch.compile(module, backend="korch", options={**fast_options(cache), **options})
         got = compiled(x)
     return got, korch_warnings(record)
 
@@ -62,6 +62,28 @@ def test_compiled_module_matches_eager(make, shape, compiled_graphs, torch_cache
     assert compiled_graphs[0].meta["fission"]["source"] == "torch"
     # parameters and buffers are frozen into the plan: the only input is x
     assert [name for name, _ in compiled_graphs[0].inputs] == [compiled_graphs[0].inputs[0][0]]
+
+
+class LinearRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * 2
+
+
+def test_inductor_kernels_compile_outside_dynamo(compiled_graphs, torch_cache):
+    """The plan's Inductor kernels are traced and compiled in this process while Dynamo is still
+    compiling the graph; under Dynamo's fake-tensor mode that failed and the graph ran eagerly.
+    Inductor alone, so the plan surely holds one of its kernels."""
+    module = LinearRelu().eval()
+    x = rand(3, 8)
+    got, warned = run_compiled(module, x, torch_cache, backends=("inductor",))
+    assert warned == [] and len(compiled_graphs) == 1
+    assert "inductor" in {k.backend for k in compiled_graphs[0].kernels}
+    with torch.no_grad():
+        assert torch.allclose(got, module(x), rtol=1e-5, atol=1e-5)
 
 
 class Broken(torch.nn.Module):

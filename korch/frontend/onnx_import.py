@@ -14,7 +14,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
-from korch.errors import KorchError, Unsupported, error_line
+from korch.errors import KorchError, ShapeError, Unsupported, error_line
 from korch.frontend.lowering import Lowering, OnnxNode, find_rule
 from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
 from korch.ir import Graph, GraphBuilder, verify
@@ -44,10 +44,15 @@ def load_model(source: str | os.PathLike | onnx.ModelProto | bytes, name: str = 
     errors); every failure is a one-line KorchError."""
     if isinstance(source, onnx.ModelProto):
         model = source
+    elif not isinstance(source, (str, os.PathLike, bytes)):
+        wanted = "an ONNX model (a file path, its bytes or an onnx.ModelProto)"
+        raise KorchError(f"expected {wanted}, got {type(source).__name__}")
     else:
         label = (name or "the model") if isinstance(source, bytes) else Path(source)
         if not isinstance(source, bytes) and not label.is_file():
-            raise KorchError(f"{label}: no such file")
+            raise KorchError(
+                f"{label}: {'a directory, not an ONNX file' if label.is_dir() else 'no such file'}"
+            )
         try:
             model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(label))
         except (DecodeError, ValueError, RuntimeError, OSError, UnicodeDecodeError) as e:
@@ -94,13 +99,17 @@ def skeleton(model: onnx.ModelProto, keep: int = 4096) -> onnx.ModelProto:
     return out
 
 
+# The two spellings of a pin, named in errors: the importer cannot tell who called it.
+PIN_HELP = "--shape NAME=1x3x224x224 on the command line, shapes={'NAME': (1, 3, 224, 224)} in Python"
+
+
 def _input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, TensorType]:
     """Static types for the graph inputs, with user-pinned shapes; symbolic dims must be pinned."""
     initializers = {t.name for t in model.graph.initializer}
     real = [i for i in model.graph.input if i.name not in initializers]
     unknown = set(shapes) - {i.name for i in real}
     if unknown:
-        raise KorchError(f"--shape names unknown inputs {sorted(unknown)}; inputs: {[i.name for i in real]}")
+        raise ShapeError(f"shapes name unknown inputs {sorted(unknown)}; inputs: {[i.name for i in real]}")
     types, unpinned = {}, []
     for inp in real:
         tt = inp.type.tensor_type
@@ -108,12 +117,7 @@ def _input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) 
             raise KorchError(f"input {inp.name!r} is not a tensor")
         dtype = onnx_dtype(tt.elem_type)
         if inp.name in shapes:
-            pinned = tuple(int(d) for d in shapes[inp.name])
-            if tt.HasField("shape") and len(tt.shape.dim) != len(pinned):
-                raise KorchError(
-                    f"--shape {inp.name}: rank {len(pinned)}, the model says {len(tt.shape.dim)}"
-                )
-            types[inp.name] = TensorType(pinned, dtype)
+            types[inp.name] = TensorType(_pinned_shape(inp, shapes[inp.name]), dtype)
             continue
         if not tt.HasField("shape"):
             unpinned.append(f"{inp.name}[unknown rank]")
@@ -126,14 +130,33 @@ def _input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) 
                 unpinned.append(f"{inp.name}[{i}]={d.dim_param or '?'}")
         types[inp.name] = TensorType(tuple(dims), dtype) if len(dims) == len(tt.shape.dim) else None
     if unpinned:
-        raise KorchError(
-            f"symbolic input dimensions {', '.join(unpinned)} must be pinned, e.g. --shape NAME=1x3x224x224"
-        )
+        raise ShapeError(f"symbolic input dimensions {', '.join(unpinned)} must be pinned, e.g. {PIN_HELP}")
     for name, t in types.items():
         if t.nbytes > MAX_TENSOR_BYTES:
             raise KorchError(f"input {name!r} of shape {list(t.shape)} is too large ({t.nbytes} bytes)")
     _check_initializer_defaults(model)
     return types
+
+
+def _pinned_shape(inp: onnx.ValueInfoProto, pin) -> tuple[int, ...]:
+    """A pin may fix the model's symbolic dimensions, never contradict its fixed ones: running a
+    4x16 model on 8x16 inputs silently computes something the model never promised."""
+    try:
+        pinned = tuple(int(d) for d in pin)
+    except (TypeError, ValueError):
+        raise ShapeError(f"shape of {inp.name}: wants a tuple of ints, got {pin!r}") from None
+    if any(d < 0 for d in pinned):
+        raise ShapeError(f"shape of {inp.name}: negative dimension in {list(pinned)}")
+    tt = inp.type.tensor_type
+    if not tt.HasField("shape"):  # unknown rank: the pin says it all
+        return pinned
+    if len(tt.shape.dim) != len(pinned):
+        raise ShapeError(f"shape of {inp.name}: rank {len(pinned)}, the model says {len(tt.shape.dim)}")
+    for i, (dim, got) in enumerate(zip(tt.shape.dim, pinned)):
+        # a 0 stays pinnable: some exporters wrote 0 for "set by the user" (Paddle2ONNX #53)
+        if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != got:
+            raise ShapeError(f"shape of {inp.name}: dimension {i} is {dim.dim_value} in the model, got {got}")
+    return pinned
 
 
 def _check_initializer_defaults(model: onnx.ModelProto) -> None:
