@@ -37,7 +37,7 @@ def cmd_fission(args) -> int:
     from korch.graph_io import save_graph
 
     start = time.perf_counter()
-    result = korch.fission(args.model, shapes=dict(args.shape or []), strict=args.strict)
+    result = korch.fission(args.model, shapes=_shapes(args), strict=args.strict)
     seconds = time.perf_counter() - start
     graph = result.graph
     for warning in result.warnings:
@@ -79,7 +79,7 @@ def cmd_candidates(args) -> int:
 
     if args.max_size < 1:
         raise KorchError("--max-size must be at least 1")
-    result = korch.fission(args.model, shapes=dict(args.shape or []), strict=args.strict)
+    result = korch.fission(args.model, shapes=_shapes(args), strict=args.strict)
     found = enumerate_candidates(result.graph, CandidateOptions(max_size=args.max_size))
     payload = found.summary()
     pruned = ", ".join(f"{k} {v}" for k, v in payload["pruned"].items()) or "none"
@@ -117,7 +117,7 @@ def cmd_optimize(args) -> int:
         ray_address=args.ray_address or os.environ.get("RAY_ADDRESS") or None,
     )
     _check_device(args.device)
-    plan = optimize(args.model, shapes=dict(args.shape or []), options=options, strict=args.strict)
+    plan = optimize(args.model, shapes=_shapes(args), options=options, strict=args.strict)
     try:
         plan.save(args.output)
     except OSError as e:  # the place was writable when checked, minutes ago
@@ -149,7 +149,7 @@ def cmd_optimize(args) -> int:
     human = (
         f"{args.model}: {payload['kernels']} kernels, predicted {plan.predicted_ms:.3f} ms "
         f"({greedy}); measured in place {meta['measured']['ms']:.3f} ms\n"
-        f"solver: {solver['status']}, gap {solver['gap']:g}, {solver['seconds']:.2f}s; "
+        f"solver: {solver['status']}, gap {round(solver['gap'], 6):g}, {solver['seconds']:.2f}s; "
         f"profiled {payload['profiled']}, cache hits {payload['cache_hits']}, "
         f"failed {payload['failed']}, skipped {payload['skipped']}\n"
         f"backends: {backends_used}\nplan written to {args.output}"
@@ -160,6 +160,18 @@ def cmd_optimize(args) -> int:
         _log(args, f"warning: {payload['skipped']} kernels were not profiled within --time-budget")
     _emit(args, payload, human)
     return 0
+
+
+def _shapes(args) -> dict:
+    """--shape pins by input name; naming one input twice is a mistake, not a last-one-wins."""
+    pins: dict = {}
+    for name, dims in args.shape or []:
+        if name in pins and pins[name] != dims:
+            raise KorchError(
+                f"--shape {name} given twice: {'x'.join(map(str, pins[name]))} and {'x'.join(map(str, dims))}"
+            )
+        pins[name] = dims
+    return pins
 
 
 def _check_plan_target(path) -> None:
@@ -309,7 +321,7 @@ def cmd_bench(args) -> int:
         _check_device(args.device or "cpu")
         plan = optimize(
             target,
-            shapes=dict(args.shape or []),
+            shapes=_shapes(args),
             options=OptimizeOptions(
                 device=args.device or "cpu",
                 cache=_cache_path(args),

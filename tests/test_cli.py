@@ -126,6 +126,14 @@ def test_bad_shape_syntax(tmp_path, bad):
     assert_one_line_error(*run_cli("fission", _symbolic_model(tmp_path), "--shape", bad))
 
 
+def test_one_input_pinned_twice_differently_is_refused(tmp_path):
+    path = _symbolic_model(tmp_path)
+    err = run_cli("fission", path, "--shape", "x=3x4", "--shape", "x=5x4")
+    assert_one_line_error(*err, match="--shape x given twice: 3x4 and 5x4")
+    code, _, _ = run_cli("fission", path, "--shape", "x=3x4", "--shape", "x=3x4")
+    assert code == 0
+
+
 def test_shape_for_unknown_input(tmp_path):
     assert_one_line_error(
         *run_cli("fission", _symbolic_model(tmp_path), "--shape", "z=3x4"), match="unknown inputs"
