@@ -49,7 +49,7 @@ class Executable:
                 [self.weights.get(v) for v in ins],
                 [(i, v) for i, v in enumerate(ins) if v not in self.weights],
                 outs,
-                free,
+                [v for v in free if v not in self.weights],  # (weights are not in a run's values)
             )
             for fn, ins, outs, free in self.steps
         ]
