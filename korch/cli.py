@@ -460,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(_owes_json(args), "check failed", str(e), 1)
     except KeyboardInterrupt:
         print("korch: interrupted", file=sys.stderr)
+        if _owes_json(args):
+            print(json.dumps({"error": "interrupted"}))
         return 130
     except Exception as e:  # a korch bug or an input we did not foresee: still one line
         if args.verbose:

@@ -105,9 +105,18 @@ def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
     return written
 
 
+def new_file_mode() -> int:
+    """The mode open() gives a new file under this process's umask (mkstemp's files are 0600
+    whatever the umask, and a rename keeps that: others could not read what korch wrote)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _atomic_write(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.chmod(tmp, new_file_mode())
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

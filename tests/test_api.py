@@ -149,3 +149,16 @@ def test_a_saved_plan_follows_the_umask(tmp_path, umask, dir_mode, file_mode):
     assert stat.S_IMODE(target.stat().st_mode) == dir_mode
     files = list(target.iterdir())
     assert files and all(stat.S_IMODE(f.stat().st_mode) == file_mode for f in files)
+
+
+@pytest.mark.parametrize("umask, file_mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_a_saved_primitive_graph_follows_the_umask(tmp_path, umask, file_mode):
+    b = korch.ir.GraphBuilder()
+    x = b.input("x", korch.TensorType((2, 300), "float32"))
+    y = b.emit(korch.Prim.ADD, [x, b.const(np.ones((2, 300), "float32"))])[0]  # large: an .npz too
+    old = os.umask(umask)
+    try:
+        written = korch.save_graph(b.build([y], ["y"]), tmp_path / "g.json")
+    finally:
+        os.umask(old)
+    assert len(written) == 2 and all(stat.S_IMODE(f.stat().st_mode) == file_mode for f in written)

@@ -358,6 +358,17 @@ def test_json_errors_are_one_object_on_stdout(
     assert out == ""
 
 
+def test_an_interrupted_command_owes_json_too(small_model, monkeypatch, capsys):
+    import korch
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(korch, "fission", interrupted)
+    code, out, err = run_main(["fission", small_model, "--json"], capsys)
+    assert (code, json.loads(out), err.strip()) == (130, {"error": "interrupted"}, "korch: interrupted")
+
+
 def test_json_usage_error_in_a_real_process():
     code, out, err = run_cli("zoo", "--frobnicate", "--json")
     assert_one_line_error(code, out, err, match="unrecognized arguments")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from korch.errors import KorchError
+from korch.graph_io import new_file_mode
 
 ZOO_VERSION = 2  # bump when a definition changes so cached files are rebuilt
 
@@ -123,6 +124,7 @@ def build(name: str, directory: str | os.PathLike | None = None, force: bool = F
     module = make_module(name)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".onnx")
     os.close(fd)
+    os.chmod(tmp, new_file_mode())
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
