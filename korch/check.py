@@ -22,6 +22,17 @@ def _index_bound(graph: Graph, name: str) -> int:
     return 2 if bound is None else max(bound, 1)
 
 
+def index_limits(graph: Graph) -> dict[str, int]:
+    """Integer inputs that a gather reads as they are: name -> the size of the dimension they
+    index (valid values: -size <= i < size, as for ONNX's Gather)."""
+    limits: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.prim is Prim.GATHER and node.inputs[1] in graph.inputs:
+            dim = graph.types[node.inputs[0]].shape[node.a["axis"]]
+            limits[node.inputs[1]] = min(dim, limits.get(node.inputs[1], dim))
+    return limits
+
+
 def random_feeds(types, bounds: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs for (name, TensorType) pairs: normal floats, random bools, integers in
     [0, bounds.get(name, 2))."""

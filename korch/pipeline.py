@@ -277,6 +277,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
         "greedy_kernels": len(baseline.chosen) if baseline else None,
         "ceilings": dict(measure_ceilings(options.device)),
         "input_bounds": check.input_bounds(graph),
+        "index_limits": check.index_limits(graph),
     }
 
     def make_plan(solution: Solution) -> Plan:

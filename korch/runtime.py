@@ -53,6 +53,7 @@ class Executable:
             )
             for fn, ins, outs, free in self.steps
         ]
+        self.index_limits = plan.meta.get("index_limits", {})  # (plans saved before it: none)
         self.input_names = [n for n, _ in plan.inputs]
         self.input_types = dict(plan.inputs)
         self._cuda_graph = None  # (graph, static inputs, static outputs) once captured; False: cannot
@@ -168,6 +169,7 @@ class Executable:
                 raise KorchError(
                     f"input {name!r} is {dtype}{list(tensor.shape)}, the plan wants {t.dtype}{list(t.shape)}"
                 )
+            _check_indices(name, tensor, self.index_limits.get(name))
             feeds[name] = tensor.to(self.plan.device)
         return feeds
 
@@ -182,6 +184,19 @@ class Executable:
     def run_numpy(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outs = self(**feeds)
         return {name: out for (_, name), out in zip(self.plan.outputs, outs)}
+
+
+def _check_indices(name: str, tensor: torch.Tensor, limit: int | None) -> None:
+    """An index outside the table it indexes is the caller's mistake: say so here, before a
+    kernel fails on it with an assertion from deep inside a backend (or reads out of bounds)."""
+    if limit is None or tensor.numel() == 0:
+        return
+    low, high = int(tensor.min()), int(tensor.max())
+    if low < -limit or high >= limit:
+        raise KorchError(
+            f"input {name!r} indexes a dimension of size {limit}: its values must be in "
+            f"[{-limit}, {limit}), got {low}..{high}"
+        )
 
 
 def interleave(

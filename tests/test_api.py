@@ -162,3 +162,18 @@ def test_a_saved_primitive_graph_follows_the_umask(tmp_path, umask, file_mode):
     finally:
         os.umask(old)
     assert len(written) == 2 and all(stat.S_IMODE(f.stat().st_mode) == file_mode for f in written)
+
+
+def test_an_index_outside_its_table_is_refused_before_any_kernel_runs(tmp_path):
+    """Token ids index an embedding of 10 rows: 99 is the caller's mistake, named as such (an
+    Inductor kernel failed on it with an assertion from its generated C++); -10 is ONNX's row 0."""
+    from helpers import Const, one_node_model, rand
+
+    table = rand(10, 4)
+    model, _ = one_node_model("Gather", [Const(table), np.array([[1, 9]], dtype="int64")], {"axis": 0})
+    plan = korch.optimize(model, cache=tmp_path / "p.sqlite", backends="onnxruntime", **FAST)
+    assert plan.meta["index_limits"] == {plan.inputs[0][0]: 10}
+    with pytest.raises(KorchError, match=r"values must be in \[-10, 10\), got 1\.\.99"):
+        plan(np.array([[1, 99]], dtype="int64"))
+    (got,) = plan(np.array([[-10, 9]], dtype="int64"))
+    np.testing.assert_array_equal(got, table[[[0, 9]]])
