@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import fields
 
 import torch
 
+from korch.backends.inductor import outside_dynamo
 from korch.errors import KorchError, error_line
 from korch.pipeline import OptimizeOptions
 
@@ -45,19 +45,6 @@ def _options(options: dict | None, example_inputs: Sequence) -> dict:
         cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
         opts["device"] = "cuda" if cuda else "cpu"
     return opts
-
-
-@contextlib.contextmanager
-def outside_dynamo() -> Iterator[None]:
-    """Dynamo calls its backend inside its tracing context, whose fake-tensor mode (with symbolic
-    shapes) make_fx, torch.export and Inductor adopt. korch's own tracing (torch.export of the
-    graph, make_fx and compile_fx of each Inductor kernel) must run on korch's real tensors, as it
-    does outside torch.compile, so both are set aside while korch works."""
-    from torch._guards import tracing
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with tracing(None), unset_fake_temporarily():
-        yield
 
 
 def weight_positions(gm: torch.fx.GraphModule, example_inputs: Sequence) -> list[int]:

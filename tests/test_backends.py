@@ -203,6 +203,18 @@ def test_inductor_fuses_softmax_into_few_kernels():
     assert check_kernel(compiled.fn(*[torch.as_tensor(x) for x in inputs]), want, spec.graph) is None
 
 
+def test_inductor_compiles_inside_a_tracing_context_with_a_fake_mode():
+    """As when korch is called from a torch.compile backend: the context's fake mode must not
+    be adopted by korch's tracing, which holds real constants (Mish's threshold and one)."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    spec, inputs, want = _whole_graph_spec("mish")
+    with tracing(TracingContext(FakeTensorMode())):
+        compiled = InductorBackend().compile(spec, "cpu")
+    assert check_kernel(compiled.fn(*[torch.as_tensor(x) for x in inputs]), want, spec.graph) is None
+
+
 def test_onnxruntime_keeps_a_broadcast_that_only_a_unary_primitive_reads():
     """ONNX broadcasts implicitly only between operands: exp(broadcast(x)) must stay expanded."""
     from korch.ir import GraphBuilder

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -24,6 +26,19 @@ def count_launches(source: str) -> int:
     launches += len(re.findall(r"\bextern_kernels\.\w+\(", body))
     launches += len(re.findall(r"\btorch\.ops\.\w+\.\w+", body))
     return max(launches, 1)
+
+
+@contextlib.contextmanager
+def outside_dynamo() -> Iterator[None]:
+    """Dynamo calls a torch.compile backend inside its tracing context, whose fake-tensor mode
+    (with symbolic shapes) make_fx, torch.export and Inductor adopt. korch's own tracing
+    (torch.export of a graph, make_fx and compile_fx of each Inductor kernel) must run on
+    korch's real tensors, as it does outside torch.compile, so both are set aside."""
+    from torch._guards import tracing
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with tracing(None), unset_fake_temporarily():
+        yield
 
 
 class InductorBackend(Backend):
@@ -47,10 +62,11 @@ class InductorBackend(Backend):
 
         from korch.profiler import example_tensors
 
-        examples = example_tensors(spec.graph, device)
-        fn = graph_function(spec.graph, device)
-        traced = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
-        compiled = compile_fx(traced, examples)
+        with outside_dynamo():  # (korch may be called from inside a Dynamo trace)
+            examples = example_tensors(spec.graph, device)
+            fn = graph_function(spec.graph, device)
+            traced = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+            compiled = compile_fx(traced, examples)
         kernels = count_launches(getattr(compiled, "source_code", "") or "")
 
         def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
