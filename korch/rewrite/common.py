@@ -99,6 +99,30 @@ def replace_values(graph: Graph, i: int, em: Emitter, renamed: dict[str, str]) -
     return result
 
 
+class GraphMaps:
+    """Who makes and who reads each value of one graph: what a rewrite looks up for each node
+    it tries."""
+
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
+        self.producer = graph.producers()
+        self.readers = graph.consumers()
+
+
+def per_graph(make: Callable[[Graph], GraphMaps]) -> Callable[[Graph], GraphMaps]:
+    """make(graph), made once per graph: the driver (rewrite_all) tries a rewrite on one graph
+    node after node until it applies, then scans the new graph."""
+    made: list[GraphMaps] = []
+
+    def get(graph: Graph) -> GraphMaps:
+        if not made or made[0].g is not graph:
+            made[:] = [make(graph)]
+        return made[0]
+
+    return get
+
+
 Attempt = Callable[[Graph, int, Node], "tuple[Graph, str] | None"]
 
 

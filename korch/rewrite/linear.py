@@ -26,7 +26,7 @@ import numpy as np
 
 from korch.ir import Graph, Node
 from korch.prims import FLOAT_DTYPES, Prim
-from korch.rewrite.common import GAIN, Emitter, replace_node, rewrite_all, unit_conv
+from korch.rewrite.common import GAIN, Emitter, GraphMaps, per_graph, replace_node, rewrite_all, unit_conv
 
 # region nodes that do arithmetic: resizing the mixed axis changes their work (layout nodes count 0)
 _ARITHMETIC = (Prim.ADD, Prim.SUB, Prim.MUL, Prim.NEG, Prim.REDUCE_SUM)
@@ -43,12 +43,10 @@ class _Option:
 
 def fold_linear_maps(graph: Graph) -> tuple[Graph, list[str]]:
     """The graph with every profitable mixing-map fold applied, and one line per fold."""
-    analysis: list[_Folder] = []  # of the graph the driver is scanning
+    folders = per_graph(_Folder)
 
     def attempt(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
-        if not analysis or analysis[0].g is not graph:
-            analysis[:] = [_Folder(graph)]
-        folder = analysis[0]
+        folder = folders(graph)
         mix = folder.mixing(node)
         if mix is None:
             return None
@@ -68,19 +66,11 @@ def fold_linear_maps(graph: Graph) -> tuple[Graph, list[str]]:
     return rewrite_all(graph, attempt)
 
 
-class _Folder:
+class _Folder(GraphMaps):
     def __init__(self, graph: Graph):
-        self.g = graph
-        self.index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
-        self.uses: dict[str, set[int]] = {}
-        for i, n in enumerate(graph.nodes):
-            for v in n.inputs:
-                self.uses.setdefault(v, set()).add(i)
+        super().__init__(graph)
+        self.uses = {v: {self.index[r.outputs[0]] for r in rs} for v, rs in self.readers.items()}
         self.outputs = set(graph.outputs)
-
-    def producer(self, v: str) -> Node | None:
-        i = self.index.get(v)
-        return None if i is None else self.g.nodes[i]
 
     def private(self, v: str, members: set[int], x: str, consumer: int) -> bool:
         """Whether a rewrite of x (read by node `consumer`) may replace v: v is read only by the
@@ -98,7 +88,7 @@ class _Folder:
         axes of extent 1 up to `rank`."""
         array = self.g.constants.get(v)
         if array is None:
-            node = self.producer(v)
+            node = self.producer.get(v)
             if node is None or node.prim is not Prim.BROADCAST or node.inputs[0] not in self.g.constants:
                 return None
             array = self.g.constants[node.inputs[0]]
@@ -225,7 +215,7 @@ class _Folder:
         t = self.g.types[e]
         c_in, c_out = m.shape
         options = [_Option(t.numel * c_out * 2, lambda em: _materialize(em, e, pos, m))]
-        node = self.producer(e)
+        node = self.producer.get(e)
         if node is None or not self.private(e, region, x, consumer):
             return options[0]
         consts = self.g.constants

@@ -33,7 +33,7 @@ import numpy as np
 
 from korch.ir import Graph, Node
 from korch.prims import Kind, Prim
-from korch.rewrite.common import Emitter, replace_node, replace_values, rewrite_all
+from korch.rewrite.common import Emitter, GraphMaps, per_graph, replace_node, replace_values, rewrite_all
 
 _ALONG = (Prim.SLICE, Prim.PAD, Prim.CONCAT, Prim.BROADCAST)  # layout work that permutes its attrs
 _REDUCES = (Prim.REDUCE_SUM, Prim.REDUCE_PROD, Prim.REDUCE_MAX, Prim.REDUCE_MIN)
@@ -43,14 +43,12 @@ _REGION = 200  # primitives a transpose moves after at most
 
 def pull_transposes(graph: Graph) -> tuple[Graph, list[str]]:
     """The graph with every profitable transpose pull applied, and one line per pull."""
-    scanned: list[_Maps] = []  # of the graph the driver is scanning
+    maps = per_graph(GraphMaps)
 
     def attempt(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
         if node.prim is not Prim.TRANSPOSE:
             return None
-        if not scanned or scanned[0].g is not graph:
-            scanned[:] = [_Maps(graph)]
-        return _as_reshape(graph, i, node) or _Puller(scanned[0], i).apply() or _sink(scanned[0], i, node)
+        return _as_reshape(graph, i, node) or _Puller(maps(graph), i).apply() or _sink(maps(graph), i, node)
 
     return rewrite_all(graph, attempt)
 
@@ -70,17 +68,7 @@ def _as_reshape(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
     ), f"{node.origin or 'transpose'}: moves axes of size 1 only, a reshape"
 
 
-class _Maps:
-    """Who makes and who reads each value of a graph."""
-
-    def __init__(self, graph: Graph):
-        self.g = graph
-        self.index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
-        self.producer = graph.producers()
-        self.readers: dict[str, list[Node]] = graph.consumers()
-
-
-def _sink(maps: _Maps, i: int, node: Node) -> tuple[Graph, str] | None:
+def _sink(maps: GraphMaps, i: int, node: Node) -> tuple[Graph, str] | None:
     """The transpose at node i moved after the work below it that can run on the untransposed
     value instead, where the values that leave that work cost less to transpose: a slice's
     result is smaller, a result that a matmul reads costs nothing, one read by another
@@ -103,7 +91,7 @@ class _Sinker:
     scalars known before the transpose or constants (transposed back). A set of that work (its
     members, by output value) is closed: what a member reads from the work is a member's."""
 
-    def __init__(self, maps: _Maps, i: int):
+    def __init__(self, maps: GraphMaps, i: int):
         self.g, self.readers, self.index, self.i = maps.g, maps.readers, maps.index, i
         root = self.g.nodes[i]
         self.root, self.x, self.t = root, root.inputs[0], root.outputs[0]
@@ -279,7 +267,7 @@ class _Puller:
     too (the choice was made without seeing the value's other readers); one read from outside,
     or as it is by a matmul, is transposed where it is. The choice is then made again."""
 
-    def __init__(self, maps: _Maps, root: int):
+    def __init__(self, maps: GraphMaps, root: int):
         self.g, self.producer, self.readers = maps.g, maps.producer, maps.readers
         self.root = self.g.nodes[root]
         self.index = root
