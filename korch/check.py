@@ -12,16 +12,6 @@ from korch.ir import Graph
 from korch.prims import Prim
 
 
-def _index_bound(graph: Graph, name: str) -> int:
-    """Integer inputs that index a gather are drawn inside the gathered dimension."""
-    bound = None
-    for node in graph.nodes:
-        if node.prim is Prim.GATHER and node.inputs[1] == name:
-            dim = graph.types[node.inputs[0]].shape[node.a["axis"]]
-            bound = dim if bound is None else min(bound, dim)
-    return 2 if bound is None else max(bound, 1)
-
-
 def index_limits(graph: Graph) -> dict[str, int]:
     """Integer inputs that a gather reads as they are: name -> the size of the dimension they
     index (valid values: -size <= i < size, as for ONNX's Gather)."""
@@ -49,8 +39,12 @@ def random_feeds(types, bounds: Mapping[str, int], seed: int = 0) -> dict[str, n
 
 
 def input_bounds(graph: Graph) -> dict[str, int]:
+    """Random integer inputs are drawn in [0, bound): inside the dimension a gather indexes."""
+    limits = index_limits(graph)
     return {
-        v: _index_bound(graph, v) for v in graph.inputs if graph.types[v].dtype.startswith(("int", "uint"))
+        v: max(limits[v], 1) if v in limits else 2
+        for v in graph.inputs
+        if graph.types[v].dtype.startswith(("int", "uint"))
     }
 
 

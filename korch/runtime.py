@@ -28,6 +28,9 @@ class Executable:
             raise KorchError(f"this plan was built for {device}, and no CUDA device is available here")
         backends = all_backends()
         compiled: dict[tuple, object] = {}
+        self.weights = {v: torch.as_tensor(np.array(a)).to(device) for v, a in plan.weights.items()}
+        # each kernel's arguments with the weights in place once, here: a call fills in only the
+        # values computed at run time (a source model run whole reads some 200 weights)
         self.steps = []
         for k in plan.kernels:
             if k.backend not in backends:
@@ -39,20 +42,16 @@ class Executable:
             if ident not in compiled:
                 weights = {n: plan.weights[v] for n, v in reads}
                 compiled[ident] = compile_with(backend, k.spec, device, weights)
-            self.steps.append((compiled[ident].fn, k.spec.inputs, k.spec.outputs, k.free_after))
-        self.weights = {v: torch.as_tensor(np.array(a)).to(device) for v, a in plan.weights.items()}
-        # each kernel's arguments with the weights in place once, here: a call fills in only the
-        # values computed at run time (a source model run whole reads some 200 weights)
-        self.steps = [
-            (
-                fn,
-                [self.weights.get(v) for v in ins],
-                [(i, v) for i, v in enumerate(ins) if v not in self.weights],
-                outs,
-                [v for v in free if v not in self.weights],  # (weights are not in a run's values)
+            ins = k.spec.inputs
+            self.steps.append(
+                (
+                    compiled[ident].fn,
+                    [self.weights.get(v) for v in ins],
+                    [(i, v) for i, v in enumerate(ins) if v not in self.weights],
+                    k.spec.outputs,
+                    [v for v in k.free_after if v not in self.weights],  # (weights are not a run's values)
+                )
             )
-            for fn, ins, outs, free in self.steps
-        ]
         self.index_limits = plan.meta.get("index_limits", {})  # (plans saved before it: none)
         self.input_names = [n for n, _ in plan.inputs]
         self.input_types = dict(plan.inputs)

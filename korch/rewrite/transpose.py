@@ -63,9 +63,8 @@ def _as_reshape(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
         return None
     em = Emitter(graph, node.origin)
     out = em.emit(Prim.RESHAPE, [x], shape=graph.types[y].shape)
-    return replace_node(
-        graph, i, em, out
-    ), f"{node.origin or 'transpose'}: moves axes of size 1 only, a reshape"
+    note = f"{node.origin or 'transpose'}: moves axes of size 1 only, a reshape"
+    return replace_node(graph, i, em, out), note
 
 
 def _sink(maps: GraphMaps, i: int, node: Node) -> tuple[Graph, str] | None:
@@ -119,11 +118,8 @@ class _Sinker:
         return members
 
     def _joins(self, node: Node, members: set[str]) -> bool:
-        if len(node.outputs) != 1 or not (
-            node.kind is Kind.ELEMENTWISE or node.prim in _REDUCES or node.prim in _ALONG
-        ):
-            return False
-        if node.prim is Prim.BROADCAST and self.g.types[node.inputs[0]].rank != len(self.perm):
+        # what a transpose passes (_moves), but a matmul: it takes a transposed operand as it is
+        if len(node.outputs) != 1 or node.prim is Prim.MATMUL or _moves(self.g, node, self.back) is None:
             return False
         for u in node.inputs:
             if u == self.t or u in members:
@@ -160,11 +156,18 @@ class _Sinker:
         )
 
     def _value_cost(self, v: str, members: set[str]) -> int:
-        """Elements transposed for v's readers outside the members, less those the transposes
-        among them moved before."""
+        """Elements transposed for v's readers outside the members after the move, less those
+        the transposes among them moved before."""
+        before, after = self._value_costs(v, members)
+        return after - before
+
+    def _value_costs(self, v: str, members: set[str]) -> tuple[int, int]:
+        """Elements transposed for v's readers outside the members: before the move (by the
+        transposes among them), and after (v's own transpose, and those composed with them)."""
         plain, composed = self._leaving(v, members)
-        cost = self._plain_cost(v, plain) if plain else 0
-        return cost + sum(self._composed_cost(q) - _cost(self.g, self.readers, q) for q in composed)
+        before = sum(_cost(self.g, self.readers, q) for q in composed)
+        after = _elements(self.g, v, self.perm, plain) if plain else 0
+        return before, after + sum(self._composed_cost(q) for q in composed)
 
     def costs(self, members: set[str]) -> tuple[int, int]:
         """Elements transposed before and after moving the transpose after `members`: the
@@ -172,10 +175,8 @@ class _Sinker:
         values that leave them."""
         before, after = _cost(self.g, self.readers, self.root), 0
         for v in (self.t, *members):
-            plain, composed = self._leaving(v, members)
-            after += self._plain_cost(v, plain) if plain else 0
-            before += sum(_cost(self.g, self.readers, q) for q in composed)
-            after += sum(self._composed_cost(q) for q in composed)
+            b, a = self._value_costs(v, members)
+            before, after = before + b, after + a
         return before, after
 
     def _leaving(self, v: str, members: set[str]) -> tuple[list[Node | None], list[Node]]:
@@ -186,12 +187,6 @@ class _Sinker:
             if r.outputs[0] not in members:
                 (composed if r.prim is Prim.TRANSPOSE else plain).append(r)
         return plain, composed
-
-    def _plain_cost(self, v: str, readers: list[Node | None]) -> int:
-        swap = self.perm == _swap_last(len(self.perm))
-        if swap and all(r is not None and r.prim is Prim.MATMUL for r in readers):
-            return 0
-        return self.g.types[v].numel
 
     def _then(self, q: Node) -> tuple[int, ...]:
         """The one transpose that does the root's and then q's."""
@@ -231,14 +226,18 @@ class _Sinker:
 
 
 def _cost(graph: Graph, readers: dict[str, list[Node]], node: Node, perm=None) -> int:
-    """The elements moved by transposing node's output by perm (by the node's own perm if not
-    given): none where only matmuls read it and it swaps their operand's last two axes."""
-    perm = tuple(node.a["perm"] if perm is None else perm)
+    """The elements moved by the transpose `node` (by perm instead of its own, if given)."""
     out = node.outputs[0]
-    mine = readers.get(out, [])
-    if mine and perm == _swap_last(len(perm)) and all(r.prim is Prim.MATMUL for r in mine):
+    return _elements(graph, out, tuple(node.a["perm"] if perm is None else perm), readers.get(out, []))
+
+
+def _elements(graph: Graph, v: str, perm: tuple[int, ...], readers: list[Node | None]) -> int:
+    """The elements moved by transposing v by perm for `readers` (None: a graph output): none
+    where they are all matmuls and it swaps their operand's last two axes."""
+    swap = perm == _swap_last(len(perm))
+    if readers and swap and all(r is not None and r.prim is Prim.MATMUL for r in readers):
         return 0
-    return graph.types[out].numel
+    return graph.types[v].numel
 
 
 @dataclass
