@@ -46,10 +46,10 @@ def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, **opt
     from korch.pipeline import optimize as _optimize
 
     opts = OptimizeOptions(device=device, **_known_options(options, OptimizeOptions))
-    opts.check_device()
     if _is_torch_module(model):
         from korch.frontend.torch_import import import_torch
 
+        opts.check_device()  # (korch.pipeline.optimize checks it for an ONNX model)
         if example_inputs is None:
             raise KorchError("a PyTorch module needs example_inputs (they fix the input shapes)")
         if not isinstance(example_inputs, (tuple, list)):

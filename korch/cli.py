@@ -99,7 +99,7 @@ def _cache_path(args):
 def cmd_optimize(args) -> int:
     from korch.pipeline import OptimizeOptions, optimize
 
-    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip()) if args.backends else None
+    backends = _names(args.backends) if args.backends else None
     if args.backends is not None and not backends:
         raise KorchError(f"--backends names no backend: {args.backends!r}")
     _check_plan_target(args.output)
@@ -116,7 +116,7 @@ def cmd_optimize(args) -> int:
         executor=args.executor,
         ray_address=args.ray_address or os.environ.get("RAY_ADDRESS") or None,
     )
-    _check_device(args.device)
+    options.check_device("--device")
     plan = optimize(args.model, shapes=_shapes(args), options=options, strict=args.strict)
     try:
         plan.save(args.output)
@@ -162,6 +162,11 @@ def cmd_optimize(args) -> int:
     return 0
 
 
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list (--backends, --vs), blanks dropped."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def _shapes(args) -> dict:
     """--shape pins by input name; naming one input twice is a mistake, not a last-one-wins."""
     pins: dict = {}
@@ -200,15 +205,6 @@ def _check_writable(target: Path) -> None:
         raise KorchError(
             f"cannot write {target}: cannot create a directory in {existing} ({e.strerror or e})"
         ) from None
-
-
-def _check_device(device: str) -> None:
-    import torch
-
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise KorchError(f"--device must be cpu or cuda, got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise KorchError("--device cuda: no CUDA device is available")
 
 
 def _load_plan(path, args):
@@ -303,7 +299,7 @@ def cmd_verify(args) -> int:
 def cmd_bench(args) -> int:
     from korch.bench import PEERS, bench, check_peers
 
-    peers = tuple(p.strip() for p in args.vs.split(",") if p.strip())
+    peers = _names(args.vs)
     if not peers:  # korch timed alone has no peer to be faster than: a slip, as for --backends
         raise KorchError(f"--vs names no peer: {args.vs!r}; available: {', '.join(PEERS)}")
     check_peers(peers)  # before any optimizing
@@ -318,17 +314,14 @@ def cmd_bench(args) -> int:
     else:
         from korch.pipeline import OptimizeOptions, optimize
 
-        _check_device(args.device or "cpu")
-        plan = optimize(
-            target,
-            shapes=_shapes(args),
-            options=OptimizeOptions(
-                device=args.device or "cpu",
-                cache=_cache_path(args),
-                progress=not args.quiet,
-                time_budget=args.time_budget,
-            ),
+        options = OptimizeOptions(
+            device=args.device or "cpu",
+            cache=_cache_path(args),
+            progress=not args.quiet,
+            time_budget=args.time_budget,
         )
+        options.check_device("--device")
+        plan = optimize(target, shapes=_shapes(args), options=options)
     report = bench(plan, peers, rounds=args.rounds)
     width = max(len(n) for n in report["results"])
     lines = [f"{'system':{width}s} {'median ms':>10s} {'min ms':>9s} {'max ms':>9s} {'rel err':>9s}"]

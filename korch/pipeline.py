@@ -83,19 +83,20 @@ class OptimizeOptions:
         if self.executor not in ("local", "ray"):
             raise KorchError(f"executor must be 'local' or 'ray', got {self.executor!r}")
 
-    def check_device(self) -> None:
+    def check_device(self, name: str = "device") -> None:
         """The device exists on this machine: a separate check, since options may describe a
-        run elsewhere, and torch's own error for a missing GPU is a bare AssertionError."""
+        run elsewhere, and torch's own error for a missing GPU is a bare AssertionError. `name`:
+        what the caller calls the option (the CLI's --device)."""
         import torch
 
         kind, colon, index = self.device.partition(":") if isinstance(self.device, str) else ("", "", "")
         if kind not in ("cpu", "cuda") or colon and (kind == "cpu" or not index.isdigit()):
-            raise KorchError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+            raise KorchError(f"{name} must be cpu, cuda or cuda:N, got {self.device!r}")
         if kind == "cuda" and not torch.cuda.is_available():
-            raise KorchError(f"device {self.device!r}: no CUDA device is available")
+            raise KorchError(f"{name} {self.device!r}: no CUDA device is available")
         count = torch.cuda.device_count() if index else 0
         if index and int(index) >= count:
-            raise KorchError(f"device {self.device!r}: this machine has {count} CUDA devices")
+            raise KorchError(f"{name} {self.device!r}: this machine has {count} CUDA devices")
 
 
 def _backend_names(backends) -> tuple[str, ...]:

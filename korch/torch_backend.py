@@ -37,10 +37,6 @@ def _options(options: dict | None, example_inputs: Sequence) -> dict:
     unknown = sorted(set(opts) - _OPTION_NAMES)
     if unknown:
         raise TypeError(f"unknown korch options {unknown}; known: {sorted(_OPTION_NAMES)}")
-    if isinstance(opts.get("backends"), str):
-        opts["backends"] = tuple(b.strip() for b in opts["backends"].split(",") if b.strip())
-    elif opts.get("backends") is not None:
-        opts["backends"] = tuple(opts["backends"])
     if "device" not in opts:
         cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
         opts["device"] = "cuda" if cuda else "cpu"
