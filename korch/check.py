@@ -23,29 +23,73 @@ def index_limits(graph: Graph) -> dict[str, int]:
     return limits
 
 
-def random_feeds(types, bounds: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+# Integer inputs are drawn from 1 unless they index: any of them may be a divisor, and an integer
+# division by zero fails in ONNX Runtime and in torch (values 1 and 2, as narrow as 0 and 1 were, so
+# products and powers stay small).
+NONZERO_INTS = (1, 3)
+# Inputs that reach a gather's indices only through arithmetic (GatherElements, GatherND), or that
+# an opaque operator reads, may be indices of an unknown range: 0 and 1 fit any dimension of 2.
+SMALL_INDICES = (0, 2)
+
+
+def random_feeds(types, bounds: Mapping, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs for (name, TensorType) pairs: normal floats, random bools, integers in
-    [0, bounds.get(name, 2))."""
+    [low, high) for bounds[name] = (low, high) (a single number b, as plans saved before ranges
+    hold: [0, b)), else in NONZERO_INTS."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, t in types:
         if t.dtype == "bool":
             feeds[name] = rng.random(t.shape) < 0.5
         elif t.dtype.startswith(("int", "uint")):
-            feeds[name] = rng.integers(0, bounds.get(name, 2), t.shape).astype(t.dtype)
+            low, high = _int_range(bounds.get(name, NONZERO_INTS))
+            feeds[name] = rng.integers(low, high, t.shape).astype(t.dtype)
         else:
             feeds[name] = rng.standard_normal(t.shape).astype(t.dtype)
     return feeds
 
 
-def input_bounds(graph: Graph) -> dict[str, int]:
-    """Random integer inputs are drawn in [0, bound): inside the dimension a gather indexes."""
+def _int_range(bound) -> tuple[int, int]:
+    if isinstance(bound, (int, np.integer)):
+        return 0, int(bound)
+    low, high = bound
+    return int(low), int(high)
+
+
+def input_bounds(graph: Graph) -> dict[str, list[int]]:
+    """[low, high) of every random integer input: inside the dimension a gather indexes with it;
+    never zero where it reaches an integer divisor; small indices where it may index otherwise."""
     limits = index_limits(graph)
-    return {
-        v: max(limits[v], 1) if v in limits else 2
-        for v in graph.inputs
-        if graph.types[v].dtype.startswith(("int", "uint"))
-    }
+    divisors = _reaching(graph, [n.inputs[1] for n in graph.nodes if _integer_division(graph, n)])
+    indices = _reaching(graph, [n.inputs[1] for n in graph.nodes if n.prim is Prim.GATHER])
+    opaque = {v for n in graph.nodes if n.prim is Prim.OPAQUE for v in n.inputs}
+    bounds = {}
+    for v in graph.inputs:
+        if not graph.types[v].dtype.startswith(("int", "uint")):
+            continue
+        if v in limits:
+            bounds[v] = [0, max(limits[v], 1)]
+        elif v in divisors or not (v in indices or v in opaque):
+            bounds[v] = list(NONZERO_INTS)
+        else:
+            bounds[v] = list(SMALL_INDICES)
+    return bounds
+
+
+def _integer_division(graph: Graph, node) -> bool:
+    return node.prim is Prim.DIV and graph.types[node.inputs[1]].dtype.startswith(("int", "uint"))
+
+
+def _reaching(graph: Graph, values) -> set[str]:
+    """The graph inputs from which any of `values` is computed (or that are among them)."""
+    producers = graph.producers()
+    todo, seen = list(values), set()
+    while todo:
+        v = todo.pop()
+        if v not in seen:
+            seen.add(v)
+            todo.extend(producers[v].inputs if v in producers else ())
+    return seen & set(graph.inputs)
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:

@@ -36,7 +36,7 @@ from korch.kernel import SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX, KernelSpec
 from korch.plan import Plan, build_plan
 from korch.prims import Prim
 from korch.profile_db import ProfileDB
-from korch.profiler import SPREAD, ProfileOptions, profile
+from korch.profiler import ProfileOptions, profile, spread_s
 from korch.rewrite import Timer, rewrite
 from korch.roofline import measure_ceilings
 from korch.runtime import interleave
@@ -302,6 +302,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
     backend's median extra time per call, and the program is solved again. The plan measured
     fastest wins."""
     in_place: dict[tuple[str, str], float] = {}
+    spread = spread_s(options.min_time, options.time_budget)
     extra: dict[str, float] = {}  # backend -> median (in place - alone) per kernel
 
     def adjusted(key: str, backend: str, ms: float) -> float:
@@ -328,7 +329,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         nonlocal best
         seen.add(chosen(solution))
         plan = make_plan(solution)
-        measured = plan.meta["measured"] = measure_in_place(plan, spread_s=options.min_time * SPREAD)
+        measured = plan.meta["measured"] = measure_in_place(plan, spread_s=spread)
         measured_plans.append((plan, solution))
         _say(
             options,
@@ -358,7 +359,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
             measure(whole, calibrating=False)
         except Exception as e:  # built and run here, not in a worker: out of memory, say
             log.warning("korch: a whole-graph plan could not be measured in place (%s)", first_line(e, 160))
-    best, runoff = _runoff(best, measured_plans, options.min_time * SPREAD, options)
+    best, runoff = _runoff(best, measured_plans, spread, options)
     best[0].meta["refine"] = [
         {
             "kernels": len(plan.kernels),

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
+import re
 import secrets
 import shutil
 from dataclasses import dataclass, field
@@ -18,10 +20,13 @@ from korch.errors import KorchError
 from korch.graph_io import graph_to_json, load_graph_json
 from korch.ir import Graph
 from korch.kernel import KernelSpec, kernel_graph_json
-from korch.plan_check import check_manifest, check_versions, write_manifest
+from korch.plan_check import MANIFEST, check_manifest, check_versions, write_manifest
 from korch.prims import TensorType
 
 FORMAT = "korch.plan/1"
+PLAN_FILES = ("plan.json", "weights.npz", "graph.json", "model.onnx", MANIFEST)  # all save writes
+
+log = logging.getLogger("korch")
 
 
 @dataclass(repr=False)
@@ -78,54 +83,70 @@ class Plan:
 
     # ------------------------------------------------------------ persistence
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write the plan atomically: a half-written directory is never loadable as a plan."""
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_temporaries(directory)
-        tmp = _fresh_sibling(directory)
+        """Write the plan atomically: a half-written directory is never loadable as a plan. Saving
+        over a korch plan replaces it; nothing korch did not write is ever removed (see
+        `check_save_target`). An empty directory is filled in place, so `save(".")` works."""
+        given = Path(directory)
+        state = check_save_target(given)  # refuse before writing anything
+        target = Path(os.path.realpath(given))  # through a symlink: the link keeps pointing at it
+        if state == "empty" or (state == "plan" and _is_cwd(target)):
+            self._write_in_place(target, state)  # keeps the directory (a shell may be inside it)
+            return given
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temporaries(target)
+        tmp = _fresh_sibling(target, "tmp")
         try:
-            arrays = dict(self.weights)  # one copy of each large array, shared with the graph
-            graph_doc = None
-            if self.graph is not None:
-                graph_doc, big = graph_to_json(self.graph)
-                arrays.update((v, a) for v, a in big.items() if v not in arrays)
-            keys = {name: f"w{i}" for i, name in enumerate(arrays)}
-            np.savez(tmp / "weights.npz", **{keys[n]: a for n, a in arrays.items()})
-            if graph_doc is not None:
-                graph_doc["arrays"] = {v: keys[v] for v in big}
-                (tmp / "graph.json").write_text(json.dumps(graph_doc))
-            model_bytes = self.model.SerializeToString() if self.model is not None else b""
-            digest = hashlib.sha256(model_bytes).hexdigest() if model_bytes else ""
-            source = {digest: model_bytes} if model_bytes else {}  # what kernels refer to
-            doc = {
-                "format": FORMAT,
-                "device": self.device,
-                "predicted_ms": self.predicted_ms,
-                "meta": self.meta,
-                "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in self.inputs],
-                "outputs": [{"value": v, "name": n} for v, n in self.outputs],
-                "weights": {name: keys[name] for name in self.weights},
-                "kernels": [_kernel_to_json(k, source) for k in self.kernels],
-            }
-            if model_bytes:
-                (tmp / "model.onnx").write_bytes(model_bytes)  # what onnx.save writes, serialized once
-            (tmp / "plan.json").write_text(json.dumps(doc, indent=1))
-            write_manifest(tmp, {"model.onnx": digest} if digest else None)  # last
-            if directory.exists() and not directory.is_dir():
-                raise KorchError(f"{directory} exists and is not a directory; not overwriting it")
-            if directory.exists():
-                if not (directory / "plan.json").exists() and any(directory.iterdir()):
-                    raise KorchError(f"{directory} exists and is not a plan directory; not overwriting it")
-                old = directory.with_name(f".{directory.name}.old")
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(directory, old)
-                os.replace(tmp, directory)
-                shutil.rmtree(old, ignore_errors=True)
+            self._write_files(tmp)
+            if check_save_target(given) == "plan":  # again: it may have changed meanwhile
+                _swap(tmp, target)
             else:
-                os.replace(tmp, directory)
+                os.replace(tmp, target)  # fails if a non-empty directory appeared there
+            tmp = None
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return directory
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)  # ours: made by _fresh_sibling
+        return given
+
+    def _write_in_place(self, target: Path, state: str) -> None:
+        """Fill `target` itself; its manifest goes first and comes back last, so until the new plan
+        is complete the directory is refused as a plan, never half-loaded."""
+        if state == "plan":
+            _remove_plan_files(target, keep_directory=True)
+        try:
+            self._write_files(target)
+        except BaseException:
+            _remove_plan_files(target, keep_directory=True)
+            raise
+
+    def _write_files(self, out: Path) -> None:
+        """The plan's files (PLAN_FILES), the manifest last."""
+        arrays = dict(self.weights)  # one copy of each large array, shared with the graph
+        graph_doc = None
+        if self.graph is not None:
+            graph_doc, big = graph_to_json(self.graph)
+            arrays.update((v, a) for v, a in big.items() if v not in arrays)
+        keys = {name: f"w{i}" for i, name in enumerate(arrays)}
+        np.savez(out / "weights.npz", **{keys[n]: a for n, a in arrays.items()})
+        if graph_doc is not None:
+            graph_doc["arrays"] = {v: keys[v] for v in big}
+            (out / "graph.json").write_text(json.dumps(graph_doc))
+        model_bytes = self.model.SerializeToString() if self.model is not None else b""
+        digest = hashlib.sha256(model_bytes).hexdigest() if model_bytes else ""
+        source = {digest: model_bytes} if model_bytes else {}  # what kernels refer to
+        doc = {
+            "format": FORMAT,
+            "device": self.device,
+            "predicted_ms": self.predicted_ms,
+            "meta": self.meta,
+            "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in self.inputs],
+            "outputs": [{"value": v, "name": n} for v, n in self.outputs],
+            "weights": {name: keys[name] for name in self.weights},
+            "kernels": [_kernel_to_json(k, source) for k in self.kernels],
+        }
+        if model_bytes:
+            (out / "model.onnx").write_bytes(model_bytes)  # what onnx.save writes, serialized once
+        (out / "plan.json").write_text(json.dumps(doc, indent=1))
+        write_manifest(out, {"model.onnx": digest} if digest else None)  # last
 
     @staticmethod
     def load(directory: str | os.PathLike, allow_mismatch: bool = False) -> Plan:
@@ -203,29 +224,126 @@ class Plan:
         return check.compare_outputs(self.run(feeds), want)
 
 
-def _fresh_sibling(directory: Path) -> Path:
-    """A new directory beside `directory` to write the plan into, then rename. Not
-    tempfile.mkdtemp: that makes it 0700 whatever the umask, the rename keeps that mode, and
-    other users could not read a plan shared with them. mkdir applies the umask as usual."""
+def check_save_target(directory: str | os.PathLike) -> str:
+    """What `Plan.save` finds at `directory`: "absent", "empty", or "plan" (a korch plan holding
+    only files korch wrote, which save replaces). Anything else is refused with a KorchError naming
+    what is in the way: save never deletes what korch did not write."""
+    path = Path(directory)
+    if not path.exists():
+        return "absent"
+    if not path.is_dir():
+        raise KorchError(f"{path} exists and is not a directory; not overwriting it")
+    names = sorted(p.name for p in path.iterdir())
+    if not names:
+        return "empty"
+    if not _is_korch_plan(path):
+        raise KorchError(
+            f"{path} exists and is not a korch plan directory (it holds {_listing(names)}); "
+            "not overwriting it"
+        )
+    foreign = [name for name in names if name not in _plan_files_of(path)]
+    if foreign:
+        raise KorchError(
+            f"{path} holds files korch did not write ({_listing(foreign)}); move them or save "
+            "elsewhere; not overwriting it"
+        )
+    return "plan"
+
+
+def _is_korch_plan(path: Path) -> bool:
+    try:
+        doc = json.loads((path / "plan.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("format", "")).startswith("korch.plan/")
+
+
+def _plan_files_of(path: Path) -> set[str]:
+    """The regular files in `path` that save wrote: PLAN_FILES, and where the plan has its manifest,
+    only those it lists (a model.onnx put into a plan made from a PyTorch module is not korch's)."""
+    names = set(PLAN_FILES)
+    try:
+        listed = json.loads((path / MANIFEST).read_text())["files"]
+        names &= {*listed, MANIFEST}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # interrupted while written in place: its files are still korch's
+    return {n for n in names if (path / n).is_file() and not (path / n).is_symlink()}
+
+
+def _listing(names: list[str], most: int = 5) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+def _is_cwd(path: Path) -> bool:
+    try:
+        return Path.cwd().samefile(path)
+    except OSError:
+        return False
+
+
+def _swap(tmp: Path, target: Path) -> None:
+    """Put the plan written in `tmp` where the plan `target` is, then remove the old one's files."""
+    old = _fresh_sibling(target, "old")  # reserved: the rename replaces only this empty directory
+    try:
+        os.replace(target, old)
+    except OSError:
+        old.rmdir()
+        raise
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        os.replace(old, target)  # put the old plan back
+        raise
+    _remove_plan_files(old)
+
+
+def _remove_plan_files(directory: Path, keep_directory: bool = False) -> None:
+    """Delete the files save writes, then the directory if that empties it: whatever else is there
+    (a file someone put in meanwhile) is kept, with the directory, and a warning."""
+    for name in (MANIFEST, *PLAN_FILES):  # the manifest first: an incomplete plan is refused
+        path = directory / name
+        if not path.is_symlink() and path.is_file():
+            path.unlink(missing_ok=True)
+    if keep_directory:
+        return
+    try:
+        directory.rmdir()
+    except OSError:
+        log.warning("warning: kept %s: it holds files korch did not write", directory)
+
+
+def _fresh_sibling(directory: Path, kind: str) -> Path:
+    """A new directory beside `directory` (named with this process's id, so a later save can tell
+    it is dead). Not tempfile.mkdtemp: that makes it 0700 whatever the umask, the rename keeps that
+    mode, and other users could not read a plan shared with them. mkdir applies the umask."""
     while True:
-        tmp = directory.parent / f".{directory.name}.tmp{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = directory.parent / f".{directory.name}.{kind}{os.getpid()}-{secrets.token_hex(4)}"
         try:
             tmp.mkdir()
             return tmp
-        except FileExistsError:  # another save in this process drew the same name
+        except FileExistsError:  # another save drew the same name
             continue
 
 
 def _remove_dead_temporaries(directory: Path) -> None:
-    """Half-written copies left by saves that were killed (their process is gone)."""
-    for tmp in directory.parent.glob(f".{directory.name}.tmp*-*"):
-        pid = tmp.name[len(f".{directory.name}.tmp") :].partition("-")[0]
+    """Half-written plans and old plans left by saves that were killed (their process is gone):
+    only their korch files are removed, and the directory if that empties it."""
+    pattern = re.compile(rf"\.{re.escape(directory.name)}\.(?:tmp|old)(\d+)-[0-9a-f]{{8}}")
+    try:
+        siblings = list(directory.parent.iterdir())
+    except OSError:
+        return
+    for path in siblings:
+        match = pattern.fullmatch(path.name)
+        if match is None or path.is_symlink() or not path.is_dir():
+            continue
         try:
-            os.kill(int(pid), 0)
+            os.kill(int(match[1]), 0)
         except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_plan_files(path)
         except (ValueError, OSError):
-            continue  # not ours, or alive under another user
+            continue  # alive under another user
 
 
 def _load_model(data: bytes):

@@ -3,6 +3,7 @@ device). Each result is committed on its own, so a killed run loses only the ker
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -68,18 +69,67 @@ def default_path() -> Path:
 LOCK_WAIT_S = 60.0  # how long a run waits for another run's lock on the database
 
 
+@functools.cache
+def _columns(table: str) -> tuple[str, ...]:
+    """The columns of korch's TABLE, in order (rows are written positionally)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute(SCHEMA)
+        conn.execute(REWRITE_SCHEMA)
+        return tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+    finally:
+        conn.close()
+
+
+def _make_directory(path: Path) -> None:
+    """The database's directory, or one line saying why it cannot be made."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} exists and is not a directory" if blocker else (e.strerror or str(e))
+        raise KorchError(f"cannot create the profile database {path}: {reason}") from None
+
+
 class ProfileDB:
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path else default_path()
+        _make_directory(self.path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = sqlite3.connect(str(self.path), timeout=LOCK_WAIT_S, isolation_level=None)
+        except sqlite3.DatabaseError as e:
+            raise KorchError(f"{self.path}: not a usable profile database ({e})") from None
+        try:
+            self._check_schema()  # reads only: another program's database is refused unchanged
             self._wal_mode()
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute(SCHEMA)
-            self.conn.execute(REWRITE_SCHEMA)
+            self.conn.execute(REWRITE_SCHEMA)  # an older korch database gains it here
         except sqlite3.DatabaseError as e:
+            self.conn.close()
             raise KorchError(f"{self.path}: not a usable profile database ({e})") from None
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _check_schema(self) -> None:
+        """A file that holds tables must hold korch's: writing ours beside another program's (or
+        switching its file to WAL) would change a database that is not ours."""
+        rows = self.conn.execute("SELECT type, name FROM sqlite_master").fetchall()
+        names = sorted(name for _, name in rows if not name.startswith("sqlite_"))
+        tables = sorted(name for kind, name in rows if kind == "table" and name in names)
+        if not names:
+            return  # a new (empty) database
+        if "profiles" not in tables:
+            held = f"table{'s' * (len(tables) > 1)} {', '.join(tables)}" if tables else ", ".join(names)
+            raise KorchError(f"{self.path} is not a korch profile database (it holds {held})")
+        for table in ("profiles", "rewrite_timings"):
+            have = tuple(row[1] for row in self.conn.execute(f"PRAGMA table_info({table})"))
+            if table in tables and have != _columns(table):
+                raise KorchError(
+                    f"{self.path} is not a korch profile database "
+                    f"(its {table} table has other columns: {', '.join(have)})"
+                )
 
     def _wal_mode(self) -> None:
         """Switch the file to WAL. While another run still writes to a new file in its first

@@ -29,6 +29,7 @@ class Executable:
         backends = all_backends()
         compiled: dict[tuple, object] = {}
         self.weights = {v: torch.as_tensor(np.array(a)).to(device) for v, a in plan.weights.items()}
+        self._weight_storages = frozenset(_storage(w) for w in self.weights.values())
         # each kernel's arguments with the weights in place once, here: a call fills in only the
         # values computed at run time (a source model run whole reads some 200 weights)
         self.steps = []
@@ -72,6 +73,12 @@ class Executable:
                 return static_out
         return self._run(feeds)
 
+    def run_owned(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """run_tensors' outputs, each the caller's own: copied out of a CUDA graph's static
+        buffers, which the next call overwrites."""
+        outs = self.run_tensors(feeds)
+        return [o.clone() for o in outs] if self._cuda_graph else outs
+
     def _capture(self, feeds: dict[str, torch.Tensor]):
         """(graph, static inputs, static outputs), or False when some kernel cannot be captured
         (an ONNX Runtime session, say): the plan then runs kernel by kernel."""
@@ -106,7 +113,25 @@ class Executable:
                 mark()
             for v in free:
                 env.pop(v, None)
-        return [env[v] if v in env else self.weights[v] for v, _ in self.plan.outputs]
+        outs = [env[v] if v in env else self.weights[v] for v, _ in self.plan.outputs]
+        return self._own_outputs(outs, feeds)
+
+    def _own_outputs(self, outs: list[torch.Tensor], feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The outputs, each in memory of its own, as ONNX Runtime returns them: an output that is a
+        weight, the caller's input, an output already returned, or a view of one of these (a
+        reshape kernel may return its input's memory) is copied, or the caller's writes to it
+        would change the plan's weights, the caller's input, or another output. A kernel's fresh
+        buffer, the common case, is returned as it is."""
+        taken = {_storage(t) for t in feeds.values()}
+        owned = []
+        for out in outs:
+            memory = _storage(out)
+            if memory in taken or memory in self._weight_storages:
+                out = out.clone()
+                memory = _storage(out)
+            taken.add(memory)
+            owned.append(out)
+        return owned
 
     def time_steps(self, feeds: dict[str, torch.Tensor], repeats: int = 5, spread_s: float = 0.0):
         """(median ms, minimum ms) of the whole plan and the median ms of each kernel in place (in
@@ -162,7 +187,7 @@ class Executable:
         feeds = {}
         for name, value in given.items():
             t = self.input_types[name]
-            tensor = torch.as_tensor(value) if not isinstance(value, torch.Tensor) else value
+            tensor = _as_tensor(name, value, t)
             if tuple(tensor.shape) != t.shape or tensor.dtype != DTYPES[t.dtype]:
                 dtype = str(tensor.dtype).removeprefix("torch.")
                 raise KorchError(
@@ -175,14 +200,37 @@ class Executable:
     def __call__(self, *inputs, **named):
         """Numpy arrays in, numpy arrays out; torch tensors in, torch tensors out."""
         as_numpy = not any(isinstance(x, torch.Tensor) for x in (*inputs, *named.values()))
-        outs = self.run_tensors(self.feeds(inputs, named))
-        if self._cuda_graph:
-            outs = [o.clone() for o in outs]  # the graph's buffers are overwritten by the next call
+        outs = self.run_owned(self.feeds(inputs, named))
         return [o.detach().cpu().numpy() for o in outs] if as_numpy else outs
 
     def run_numpy(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outs = self(**feeds)
         return {name: out for (_, name), out in zip(self.plan.outputs, outs)}
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """Where the memory under a tensor begins: views of one buffer share it."""
+    return tensor.untyped_storage().data_ptr()
+
+
+def _as_tensor(name: str, value, want) -> torch.Tensor:
+    """The caller's value as a tensor (sharing an array's memory), or a one-line KorchError naming
+    the input when it is not one (None, a string, a dict, a ragged list, an array of objects)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        if value is None:
+            what = "None"
+        elif isinstance(value, np.ndarray):
+            what = f"a numpy array of {value.dtype}"
+        else:
+            what = f"a {type(value).__name__}"
+        why = f" ({first_line(e, 80)})" if isinstance(value, list | tuple) else ""
+        raise KorchError(
+            f"input {name!r} is {what}{why}, not an array: the plan wants {want.dtype}{list(want.shape)}"
+        ) from None
 
 
 def _check_indices(name: str, tensor: torch.Tensor, limit: int | None) -> None:

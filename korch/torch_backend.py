@@ -77,7 +77,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, opts: dict):
     as_list = isinstance(gm.graph.output_node().args[0], list)
 
     def run(*args):
-        outs = executable.run_tensors({n: args[i].contiguous() for n, i in zip(names, live)})
+        outs = executable.run_owned({n: args[i].contiguous() for n, i in zip(names, live)})
         return list(outs) if as_list else tuple(outs)
 
     run.plan = plan  # for inspection and tests

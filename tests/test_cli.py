@@ -379,3 +379,42 @@ def test_json_usage_error_in_a_real_process():
 def test_bench_needs_a_peer(vs, identity_plan, capsys):
     code, out, err = run_main(["bench", identity_plan, "--vs", vs, "--rounds", "1"], capsys)
     assert_one_line_error(code, out, err, match="--vs names no peer")
+
+
+def test_float16_models_are_checked_at_float16_precision(tmp_path):
+    """float16 carries about three decimal digits: fission --check and verify accept 1e-2 there
+    (a float16 softmax differs from ONNX Runtime's by ~5e-4, against float32's 1e-4), while
+    --tolerance still overrides it. The oracle is ONNX Runtime on the source model."""
+    from onnx import TensorProto
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 32])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT16, [4, 32])
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=-1), helper.make_node("Tanh", ["y"], ["z"])]
+    graph = helper.make_graph(nodes, "f16", [x], [z])
+    path = tmp_path / "f16.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code, out, err = run_cli("fission", path, "--check", "--json")
+    assert code == 0, err
+    assert 1e-4 < json.loads(out)["max_rel_err"] <= 1e-2  # float32's tolerance would fail it
+    assert "tolerance 0.01" in err
+    plan = tmp_path / "plan"
+    code, out, err = run_cli(
+        "optimize",
+        path,
+        "-o",
+        plan,
+        "--backends",
+        "inductor",  # (ONNX Runtime would write the softmax back as one Softmax: no error at all)
+        "--cache",
+        tmp_path / "c.sqlite",
+        "--time-budget",
+        "5",
+        "--no-seeds",  # primitives, not the source model (which would match ONNX Runtime exactly)
+        "--quiet",
+    )
+    assert code == 0, err
+    code, out, err = run_cli("verify", plan, "--json")
+    assert code == 0 and json.loads(out)["ok"] is True, (out, err)
+    assert json.loads(out)["max_rel_err"] > 1e-4
+    code, out, err = run_cli("verify", plan, "--json", "--tolerance", "1e-9")
+    assert code == 1 and json.loads(out)["ok"] is False

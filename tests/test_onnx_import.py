@@ -7,8 +7,9 @@ from helpers import onnx_model
 from onnx import TensorProto, helper, numpy_helper
 
 import korch
-from korch import cli
+from korch import check, cli
 from korch.errors import KorchError, ShapeError
+from korch.plan import Plan
 
 F = TensorProto.FLOAT
 
@@ -91,3 +92,21 @@ def test_the_cli_refuses_a_contradicting_pin_with_exit_2(tmp_path, capsys):
 def test_a_non_model_says_what_is_accepted():
     with pytest.raises(KorchError, match="a file path, its bytes or an onnx.ModelProto"):
         korch.fission(42)
+
+
+def test_a_scalar_input_survives_a_saved_plan(tmp_path):
+    """Pinning shapes cleared a rank-0 input's shape and added no dims: the saved model then
+    declared an input of unknown rank, which ONNX's checker refuses when the plan loads."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    model = onnx_model(helper.make_graph([helper.make_node("Mul", ["x", "x"], ["y"])], "g", [x], [y]))
+    assert korch.fission(model).model.graph.input[0].type.tensor_type.HasField("shape")
+    options = dict(backends="onnxruntime", time_budget=2, min_time=0.002, progress=False)
+    plan = korch.optimize(model, cache=tmp_path / "db.sqlite", **options)
+    plan.save(tmp_path / "plan")
+    loaded = Plan.load(tmp_path / "plan")
+    feeds = {"x": np.array(-3.0, dtype="float32")}
+    (want,) = check.onnxruntime_outputs(model, feeds).values()
+    got = loaded.run(feeds)["y"]
+    assert got.shape == () and got == want == 9.0
+    assert loaded.verify() == 0.0

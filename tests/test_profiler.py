@@ -1,5 +1,6 @@
 """The profiling harness and the profile database: isolation of faulty kernels, caching, crashes."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -8,15 +9,17 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 import torch
 from faulty_backends import HangBackend, RaiseBackend, SegfaultBackend, WrongBackend
 from helpers import Const, one_node_model, rand
 
 import korch
+from korch import busy
 from korch.backends import get_backends
 from korch.candidates import CandidateOptions, enumerate_candidates
 from korch.profile_db import ProfileDB
-from korch.profiler import ProfileOptions, profile, time_fn
+from korch.profiler import RETIMES, ProfileOptions, profile, time_fn
 
 FAST = ProfileOptions(min_time=0.002, progress=False, compile_timeout=20, time_timeout=20)
 
@@ -30,7 +33,7 @@ def _small_graph():
 
 def test_time_fn_reports_sane_statistics():
     a = torch.randn(64, 64)
-    median, lo, hi, n = time_fn(lambda x: [x @ x], [a], "cpu", min_time=0.01)
+    median, lo, hi, n, *_ = time_fn(lambda x: [x @ x], [a], "cpu", min_time=0.01)
     assert 0 < lo <= median <= hi and n >= 5
 
 
@@ -38,9 +41,60 @@ def test_time_fn_spreads_its_samples_over_time():
     """Samples in slices over spread_s: a burst of interference cannot cover all of them."""
     a = torch.randn(64, 64)
     start = time.perf_counter()
-    median, lo, hi, n = time_fn(lambda x: [x @ x], [a], "cpu", min_time=0.01, spread_s=0.4)
+    median, lo, hi, n, *_ = time_fn(lambda x: [x @ x], [a], "cpu", min_time=0.01, spread_s=0.4)
     assert time.perf_counter() - start >= 0.4
     assert 0 < lo <= median <= hi and n >= 5
+
+
+@contextlib.contextmanager
+def _neighbours():
+    """Other processes that keep every core busy (pure-Python loops) until the block ends."""
+    spin = "import sys; sys.stdout.write('x'); sys.stdout.flush()\nwhile True: pass"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
+        for _ in range(min(os.cpu_count() or 1, 4))
+    ]
+    try:
+        for proc in procs:
+            proc.stdout.read(1)  # it runs
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="korch.busy reads Linux's /proc/stat")
+def test_busy_window_sees_other_processes_and_not_this_one():
+    """The oracle: neighbours known to spin on every core for the whole window."""
+    with _neighbours(), busy.Window() as w:
+        _spin(0.3)
+    assert w.others_cores >= 0.5 and w.disturbed
+    # a core of this process's own work is not counted as another's: beside the same background
+    # (whatever the test machine runs), spinning does not add a core to what a sleep sees
+    for _ in range(3):  # a neighbour of the test machine may come and go between the two
+        with busy.Window() as idle:
+            time.sleep(0.3)
+        with busy.Window() as own:
+            _spin(0.3)
+        if own.others_cores < idle.others_cores + 0.5:
+            break
+    assert own.others_cores < idle.others_cores + 0.5
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="korch.busy reads Linux's /proc/stat")
+def test_time_fn_times_again_while_the_machine_is_busy():
+    a = torch.randn(64, 64)
+    with _neighbours():
+        timing = time_fn(lambda x: [x @ x], [a], "cpu", min_time=0.05)
+    assert timing.tries == 1 + RETIMES and timing.disturbed
+    assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
 
 
 def test_check_kernel_tolerates_a_few_flipped_indices_only_when_asked():

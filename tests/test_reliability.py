@@ -159,18 +159,21 @@ def test_a_run_opening_the_database_while_another_creates_it_waits(tmp_path):
     (this is how two optimizes on one fresh database could lose one of them)."""
     import threading
 
-    from korch.profile_db import ProfileDB
+    from korch.profile_db import SCHEMA, ProfileDB
 
     path = tmp_path / "p.sqlite"
     writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    writer.execute("CREATE TABLE early (x)")
+    writer.execute(SCHEMA)  # korch's own table: a file holding another program's is refused
     writer.execute("BEGIN IMMEDIATE")
-    writer.execute("INSERT INTO early VALUES (1)")
+    writer.execute(
+        "INSERT INTO profiles (key, backend, backend_version, device, signature, status, spec, created) "
+        "VALUES ('k', 'b', 'v', 'cpu', 's', 'failed', '{}', 0)"
+    )
     threading.Timer(0.5, writer.execute, ["COMMIT"]).start()
     db = ProfileDB(path)
     try:
         assert db.conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert db.conn.execute("SELECT x FROM early").fetchall() == [(1,)]
+        assert db.count() == 1
     finally:
         db.close()
         writer.close()

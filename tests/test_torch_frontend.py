@@ -319,3 +319,79 @@ def test_optimize_module_matches_eager(make, shape, torch_cache, tmp_path):
 def test_optimize_module_needs_example_inputs():
     with pytest.raises(KorchError, match="example_inputs"):
         korch.optimize(Block())
+
+
+# ----------------------------------------------------------------- training mode, writes, outputs
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [nn.Dropout(0.5), nn.BatchNorm1d(5), nn.Dropout1d(0.5)],
+    ids=["dropout", "batchnorm", "dropout1d"],
+)
+def test_training_mode_says_call_eval(layer):
+    module = nn.Sequential(nn.Linear(8, 8), layer).train()
+    with pytest.raises(KorchError, match=r"training mode .*call module\.eval\(\) first") as info:
+        import_torch(module, (V,))
+    assert "\n" not in str(info.value)
+    import_torch(module.eval(), (V,))  # the fix works
+
+
+def test_functional_training_flag_in_eval_module_is_explained():
+    with pytest.raises(KorchError, match=r"dropout runs in training mode .*training=True"):
+        import_torch(Fn(lambda x: F.dropout(x, 0.5, training=True)).eval(), (V,))
+
+
+def test_training_mode_that_changes_nothing_still_works():
+    """Training mode changes nothing for Linear/ReLU (nor for a batch norm without running
+    statistics, which uses batch statistics in both modes): no refusal, same values as eager."""
+    module = nn.Sequential(
+        nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.BatchNorm1d(5, track_running_stats=False)
+    )
+    module.train()
+    graph = import_torch(module, (V,)).graph
+    got = reference.run(graph, {graph.inputs[0]: V.numpy()})[graph.output_names[0]]
+    with torch.no_grad():
+        want = module(V).numpy()
+    assert module.training and check.rel_err(got, want) <= 1e-4
+
+
+class WritesBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("n", torch.zeros(1))
+
+    def forward(self, x):
+        self.n.add_(1)
+        return x + self.n
+
+
+def test_writes_to_buffer_or_input_name_them():
+    with pytest.raises(KorchError, match=r"writes to its buffer 'n' during forward \(korch compiles pure"):
+        import_torch(WritesBuffer(), (V,))
+    with pytest.raises(KorchError, match=r"writes to its input 'xs_0' in place"):
+        import_torch(Fn(lambda x: x.mul_(2) + 1), (V.clone(),))
+
+
+class Nested(nn.Module):
+    def forward(self, x):
+        # dict keys deliberately not sorted: pytree keeps insertion order
+        return (x + 1, (x * 2, [x - 3])), {"z": x.exp(), "a": {"y": x.abs(), "b": x * x}}
+
+
+def test_nested_outputs_come_back_flat_in_pytree_order(torch_cache):
+    from torch.utils import _pytree as pytree
+
+    module = Nested().eval()
+    x = rand(2, 3)
+    plan = korch.optimize(module, (x,), **fast_options(torch_cache))
+    got = plan(x)
+    with torch.no_grad():
+        want = pytree.tree_flatten(module(x))[0]
+    assert isinstance(got, list) and len(got) == len(want) == 6
+    for g, w in zip(got, want):
+        assert check.rel_err(g.numpy(), w.numpy()) <= 1e-4
+    # the order spelled out: tuples and lists in order, dicts in insertion order, depth first
+    spelled = [x + 1, x * 2, x - 3, x.exp(), x.abs(), x * x]
+    for g, w in zip(got, spelled):
+        assert check.rel_err(g.numpy(), w.numpy()) <= 1e-4

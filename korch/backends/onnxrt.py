@@ -160,11 +160,13 @@ def to_onnx(graph: Graph, weights: Weights | None = None) -> onnx.ModelProto:
     """The kernel graph as an ONNX model (opset 18); an opaque primitive is its own model already.
     `weights` (values of some inputs) become initializers: ONNX Runtime then prepacks them, and
     turns convolutions with constant weights (and only those) into its NCHWc kernels."""
-    weights = weights or {}  # (an opaque primitive's model takes them as inputs)
+    weights = weights or {}
     if len(graph.nodes) == 1 and graph.nodes[0].prim is Prim.OPAQUE:
-        # the embedded model (one operator, or a whole source model) with its outputs renamed
+        if _source_model(graph) is None:
+            return _opaque_model(graph, weights)
+        # the source model run whole, with its outputs renamed (compile() runs its bytes as they are)
         model = onnx.load_from_string(graph.nodes[0].a["model"])
-        produced = [o.name for o in model.graph.output] or [o for o in model.graph.node[0].output if o]
+        produced = [o.name for o in model.graph.output]
         model.graph.ClearField("output")
         for name, produced_name, v in zip(graph.output_names, produced, graph.nodes[0].outputs):
             if produced_name != name:
@@ -213,6 +215,52 @@ def to_onnx(graph: Graph, weights: Weights | None = None) -> onnx.ModelProto:
     return model
 
 
+def _opaque_model(graph: Graph, weights: Weights) -> onnx.ModelProto:
+    """An opaque primitive's embedded one-operator model, renamed into the kernel's namespace: its
+    inputs (by position, the primitive's inputs) become the kernel's input names, or initializers
+    where the kernel bakes the value in (a constant such as TopK's k, or a weight), and its outputs
+    the kernel's output names. The embedded names are the source model's, so all are replaced."""
+    node = graph.nodes[0]
+    model = onnx.load_from_string(node.a["model"])
+    if len(model.graph.input) != len(node.inputs):
+        raise ValueError(f"opaque {node.a['op_type']}: the model's inputs are not the primitive's")
+    rename: dict[str, str] = {}
+    fed, inits = [], []
+    for info, v in zip(model.graph.input, node.inputs):
+        rename[info.name] = v
+        value = graph.constants.get(v, weights.get(v))
+        if value is not None:
+            inits.append(numpy_helper.from_array(np.asarray(value), v))
+        elif v not in fed:
+            fed.append(v)
+    produced = [o.name for o in model.graph.output] or [o for o in model.graph.node[0].output if o]
+    first = {v: name for v, name in reversed(list(zip(graph.outputs, graph.output_names)))}
+    for name, v in zip(produced, node.outputs):
+        rename[name] = first.get(v, v)  # straight to the kernel's output name where it is one
+    for n in model.graph.node:
+        n.input[:] = [rename.get(x, x) for x in n.input]
+        n.output[:] = [rename.get(x, x) for x in n.output]
+    extra = [
+        helper.make_node("Identity", [rename[produced[node.outputs.index(v)]]], [name])
+        for v, name in zip(graph.outputs, graph.output_names)
+        if first[v] != name
+    ]
+    model.graph.node.extend(extra)
+
+    def info(name, v):
+        t = graph.types[v]
+        return helper.make_tensor_value_info(name, to_onnx_dtype(t.dtype), list(t.shape))
+
+    model.graph.ClearField("input")
+    model.graph.input.extend(info(v, v) for v in fed)
+    model.graph.initializer.extend(inits)
+    model.ir_version = max(model.ir_version, 4)  # (before 4, an initializer had to be an input too)
+    model.graph.ClearField("output")
+    model.graph.output.extend(info(name, v) for v, name in zip(graph.outputs, graph.output_names))
+    model.graph.ClearField("value_info")
+    return model
+
+
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     bakes_weights = True
@@ -223,6 +271,9 @@ class OnnxRuntimeBackend(Backend):
         return f"onnxruntime-{onnxruntime.__version__}+{source_digest(sys.modules[__name__], onnx_patterns)}"
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:
+        nodes = spec.graph.nodes
+        if len(nodes) > 1 and any(n.prim is Prim.OPAQUE for n in nodes):
+            return "an opaque operator runs alone (its one-operator model has an opset of its own)"
         if _unfused_window(spec.graph):
             return "window outside a pool has no ONNX equivalent"
         if device.startswith("cuda"):
@@ -236,8 +287,6 @@ class OnnxRuntimeBackend(Backend):
         import onnxruntime as ort
 
         graph = spec.graph
-        if len(graph.nodes) == 1 and graph.nodes[0].prim is Prim.OPAQUE:
-            weights = None  # an embedded model takes its inputs as they are
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = torch.get_num_threads()
@@ -249,6 +298,7 @@ class OnnxRuntimeBackend(Backend):
         cuda = device.startswith("cuda")
         providers = ["CUDAExecutionProvider"] if cuda else ["CPUExecutionProvider"]
         if source is not None:  # the bytes as they are: no second copy of a large model
+            weights = None  # (it holds its own weights and takes its inputs as they are)
             sess = ort.InferenceSession(source, opts, providers=providers)
             out_names = [o.name for o in sess.get_outputs()]
             nodes = dict(graph.nodes[0].attrs).get("nodes", 1)
@@ -258,7 +308,9 @@ class OnnxRuntimeBackend(Backend):
             out_names, nodes = list(graph.output_names), len(model.graph.node)
         # the session's inputs, by position among the kernel's (baked weights are not among them)
         fed = [i for i, v in enumerate(graph.inputs) if v not in (weights or {})]
-        in_names = [i.name for i in sess.get_inputs()]
+        in_names = [graph.inputs[i] for i in fed]  # (to_onnx keeps the kernel's names)
+        if source is not None:
+            in_names = [i.name for i in sess.get_inputs()]
         if not cuda:
             # on CPU, plain run() on zero-copy numpy views beats IO binding by ~20 us a call
             # (ONNX Runtime re-plans a binding whose buffers changed)

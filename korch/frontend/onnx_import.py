@@ -177,9 +177,11 @@ def _pin(model: onnx.ModelProto, types: Mapping[str, TensorType], owned: bool) -
     pinned = model if owned else copy.deepcopy(model)
     for inp in pinned.graph.input:
         if inp.name in types:
-            inp.type.tensor_type.ClearField("shape")
+            shape = inp.type.tensor_type.shape
+            shape.Clear()
+            shape.SetInParent()  # an empty shape is rank 0; a missing one would be unknown rank
             for d in types[inp.name].shape:
-                inp.type.tensor_type.shape.dim.add().dim_value = d
+                shape.dim.add().dim_value = d
     return pinned
 
 
@@ -233,8 +235,10 @@ def import_onnx(
     for node in model.graph.node:
         where = f"node {node.name or '?'!r} ({node.op_type}, opset {opsets.get(node.domain, opset)})"
         b.origin = f"{node.op_type}:{node.name}"
+        first = len(b.nodes)
         try:
             outs = _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model)
+            _check_divisors(b, b.nodes[first:])
         except Unsupported as e:
             raise KorchError(f"{where}: {e}") from None
         except KorchError as e:
@@ -265,6 +269,25 @@ def _check_type(where, name, got: TensorType, expected: Mapping[str, TensorType]
     want = expected.get(name)
     if want is not None and want != got:
         warnings.append(f"{where}: output {name!r} lowered to {got}, ONNX shape inference says {want}")
+
+
+def _check_divisors(b: GraphBuilder, nodes) -> None:
+    """An integer division by a constant 0 fails in ONNX Runtime and in torch alike: say so here,
+    not as an error from inside profiling."""
+    divisions = [
+        n
+        for n in nodes
+        if n.prim is Prim.DIV
+        and b.types[n.inputs[1]].dtype.startswith(("int", "uint"))
+        and b.types[n.outputs[0]].numel  # dividing nothing (a zero-size tensor) cannot fail
+    ]
+    producers = {v: n for n in nodes for v in n.outputs} if divisions else {}
+    for node in divisions:
+        divisor = node.inputs[1]
+        while divisor in producers and producers[divisor].prim in (Prim.BROADCAST, Prim.RESHAPE):
+            divisor = producers[divisor].inputs[0]  # the same values, only arranged differently
+        if divisor in b.constants and not np.all(b.constants[divisor]):
+            raise KorchError("integer division by zero: a constant divisor holds 0")
 
 
 def _check_size(where: str, name: str, t: TensorType) -> None:

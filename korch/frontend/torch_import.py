@@ -83,11 +83,22 @@ def import_torch(
     """Export a module and lower it to a primitive graph. Parameters and buffers become constants,
     and so do the user inputs at the positions in `frozen` (weights Dynamo passes as inputs)."""
     ep = export(module, example_inputs)
-    return import_exported(ep, {i: example_inputs[i] for i in frozen}, output_names)
+    return import_exported(ep, {i: example_inputs[i] for i in frozen}, output_names, _training(module))
 
 
-def import_exported(ep, frozen: dict[int, Any], output_names: Sequence[str] | None = None) -> FissionResult:
-    """Lower an ExportedProgram (already decomposed); `frozen` maps user-input positions to values."""
+def import_exported(
+    ep,
+    frozen: dict[int, Any],
+    output_names: Sequence[str] | None = None,
+    training: bool | None = None,
+) -> FissionResult:
+    """Lower an ExportedProgram (already decomposed); `frozen` maps user-input positions to values.
+    `training`: whether the exported module (or a submodule) was in training mode, None if unknown.
+
+    Outputs are the leaves of what forward returns, in torch.utils._pytree flatten order (the
+    order torch.export uses): tuples and lists in order, dicts by insertion order, depth first;
+    `((a, b), {"k": c})` gives [a, b, c]."""
+    _refuse_training(ep, training)
     b = GraphBuilder()
     ctx = TorchLowering(b)
     env = _placeholders(ep, b, frozen)
@@ -108,6 +119,67 @@ def import_exported(ep, frozen: dict[int, Any], output_names: Sequence[str] | No
     graph = b.build(values, names, name=type(ep.module()).__name__ or "main")
     verify(graph)
     return FissionResult(graph, None, count, source="torch")
+
+
+def _training(module) -> bool | None:
+    """Whether any submodule is in training mode; None for an FX graph (a Dynamo graph's own flag
+    says nothing about the module it was traced from)."""
+    import torch.fx
+
+    if isinstance(module, torch.fx.GraphModule) or not hasattr(module, "modules"):
+        return None
+    return any(m.training for m in module.modules())
+
+
+# ATen ops that compute something else in training mode than in inference, by the flag that says
+# so: dropout's random masks, batch norm's batch statistics (and running-stat updates), RReLU's
+# random slopes. A batch norm without running statistics uses batch statistics in both modes.
+_TRAINING_OPS = {
+    "aten.native_dropout.default": ("dropout", "train"),
+    "aten._native_batch_norm_legit_functional.default": ("normalization by batch statistics", "training"),
+    "aten._native_batch_norm_legit.default": ("normalization by batch statistics", "training"),
+    "aten.native_batch_norm.default": ("normalization by batch statistics", "training"),
+    "aten.rrelu_with_noise.default": ("RReLU with random slopes", "training"),
+    "aten.rrelu_with_noise_functional.default": ("RReLU with random slopes", "training"),
+}
+
+
+def _refuse_training(ep, training: bool | None) -> None:
+    """A one-line error naming the fix when the program computes in training mode; checked before
+    lowering, so it wins over "no korch lowering" and over the running-stat buffer writes."""
+    for node in ep.graph_module.graph.nodes:
+        if node.op != "call_function" or getattr(node.target, "_schema", None) is None:
+            continue
+        name = _op_name(node.target)
+        what, flag = _TRAINING_OPS.get(name, (None, None))
+        if what is not None:
+            if not _arg(node, flag) or ("batch_norm" in name and _arg(node, "running_mean") is None):
+                continue
+        elif name.startswith("aten.bernoulli.") and training is not False:
+            what = "random dropout masks"  # Dropout2d/3d, AlphaDropout, FeatureAlphaDropout
+        else:
+            continue
+        if training is False:
+            raise KorchError(
+                f"{what} runs in training mode ({name}) though the module is in eval "
+                "mode (a functional call with training=True?); korch optimizes inference"
+            )
+        raise KorchError(
+            f"the module is in training mode ({what}: {name}); korch optimizes "
+            "inference: call module.eval() first"
+        )
+
+
+def _arg(node, name: str) -> Any:
+    """An FX call's argument by its schema name (positional, keyword or default)."""
+    for i, arg in enumerate(node.target._schema.arguments):
+        if arg.name == name:
+            if i < len(node.args):
+                return node.args[i]
+            if name in node.kwargs:
+                return node.kwargs[name]
+            return arg.default_value if arg.has_default_value() else None
+    return None
 
 
 def _placeholders(ep, b: GraphBuilder, frozen: dict[int, Any]) -> dict[str, Any]:
@@ -148,9 +220,25 @@ def _user_outputs(ep, env) -> list[Any]:
 
     outs = []
     for spec in ep.graph_signature.output_specs:
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            raise KorchError(
+                f"the module writes to its buffer {spec.target!r} during forward (korch compiles "
+                "pure functions); return the new value as an output instead"
+            )
+        if spec.kind == OutputKind.PARAMETER_MUTATION:
+            raise KorchError(
+                f"the module writes to its parameter {spec.target!r} during forward (korch "
+                "compiles pure functions); not supported"
+            )
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            raise KorchError(
+                f"the module writes to its input {spec.target!r} in place during forward (korch "
+                "compiles pure functions); use an out-of-place op (x = x * 2, not x.mul_(2))"
+            )
         if spec.kind != OutputKind.USER_OUTPUT:
             raise KorchError(
-                f"the module mutates its {spec.kind.name.lower()} ({spec.target}); not supported"
+                f"the exported program has a {spec.kind.name.lower()} output ({spec.target}); "
+                "korch compiles inference graphs"
             )
         arg = spec.arg
         value = env.get(arg.name) if hasattr(arg, "name") else getattr(arg, "value", None)

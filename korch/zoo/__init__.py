@@ -119,13 +119,10 @@ def build(name: str, directory: str | os.PathLike | None = None, force: bool = F
     path = directory / f"{name}-v{ZOO_VERSION}.onnx"
     if path.is_file() and not force:
         return path
-    directory.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary_file(directory, name)  # before the model: a bad --dir costs no build
     spec = MODELS[name]
-    module = make_module(name)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".onnx")
-    os.close(fd)
-    os.chmod(tmp, new_file_mode())
     try:
+        module = make_module(name)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             torch.onnx.export(
@@ -143,6 +140,20 @@ def build(name: str, directory: str | os.PathLike | None = None, force: bool = F
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
+
+
+def _temporary_file(directory: Path, name: str) -> str:
+    """A new file in DIRECTORY (made if missing) to export into, or one line saying why not."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".onnx")
+    except OSError as e:
+        blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} exists and is not a directory" if blocker else (e.strerror or str(e))
+        raise KorchError(f"cannot write to the zoo directory {directory}: {reason}") from None
+    os.close(fd)
+    os.chmod(tmp, new_file_mode())
+    return tmp
 
 
 def _tag(path: str, name: str) -> None:

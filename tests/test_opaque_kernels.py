@@ -1,0 +1,147 @@
+"""Opaque operators (kept whole, run by ONNX Runtime) as kernels of their own: their constant
+inputs (baked into the kernel graph) and weights (given to compile) must reach the session."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import onnx_model, rand
+from onnx import TensorProto, helper, numpy_helper
+
+import korch
+from korch import check, reference
+from korch.backends.onnxrt import OnnxRuntimeBackend
+from korch.backends.torch_ops import to_tensor
+from korch.candidates import make_candidate
+from korch.kernel import kernel_spec
+from korch.pipeline import OptimizeOptions, optimize
+from korch.prims import Prim
+from korch.profiler import check_kernel
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes,
+        "opaque",
+        [vi(n, t, s) for n, t, s in inputs],
+        [vi(n, t, s) for n, t, s in outputs],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in inits],
+    )
+    return onnx_model(graph, opset)
+
+
+def topk_k_initializer():
+    """TopK's k given as an initializer (a baked constant of the kernel), between two fusible ops."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("TopK", ["r", "k"], ["v", "i"]),
+        helper.make_node("Exp", ["v"], ["y"]),
+    ]
+    outs = [("y", F, [3, 2]), ("i", I64, [3, 2])]
+    return _model(nodes, [("x", F, [3, 8])], outs, [("k", np.array([2], "int64"))]), "TopK"
+
+
+def resize_cubic_scales():
+    """A cubic Resize (no fission rule) with constant scales after an omitted roi."""
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="cubic")
+    scales = np.array([1, 1, 2, 2], "float32")
+    return _model([node], [("x", F, [1, 2, 4, 4])], [("y", F, [1, 2, 8, 8])], [("s", scales)], 13), "Resize"
+
+
+def scatternd_weight():
+    """ScatterND with constant indices (baked) and constant updates large enough to be a weight."""
+    nodes = [
+        helper.make_node("ScatterND", ["x", "idx", "upd"], ["s"]),
+        helper.make_node("Tanh", ["s"], ["y"]),
+    ]
+    inits = [("idx", np.array([[0], [2]], "int64")), ("upd", rand(2, 16, seed=3))]
+    return _model(nodes, [("x", F, [4, 16])], [("y", F, [4, 16])], inits, 16), "ScatterND"
+
+
+def topk_indices_only():
+    """TopK (opset 1: k an attribute) whose values are never read: the kernel writes one of its
+    two outputs, which must be the indices."""
+    node = helper.make_node("TopK", ["x"], ["v", "i"], k=3)
+    return _model([node], [("x", F, [2, 7])], [("i", I64, [2, 3])], opset=9), "TopK"
+
+
+MODELS = {
+    "topk_k": topk_k_initializer,
+    "resize_cubic": resize_cubic_scales,
+    "scatternd_weight": scatternd_weight,
+    "topk_indices_only": topk_indices_only,
+}
+
+
+def _opaque_spec(model):
+    """The opaque node as a kernel of its own, with its inputs' values (weights among them)."""
+    graph = korch.fission(model).graph
+    (index,) = [i for i, n in enumerate(graph.nodes) if n.prim is Prim.OPAQUE]
+    spec = kernel_spec(graph, make_candidate(graph, [index]))
+    feeds = check.random_inputs(graph, 0)
+    values = reference.evaluate(graph, feeds, [*graph.inputs, *graph.constants, *spec.inputs])
+    inputs = [values[v] for v in spec.inputs]
+    weights = {n: values[v] for n, v in zip(spec.graph.inputs, spec.inputs) if v in graph.constants}
+    return spec, inputs, weights
+
+
+@pytest.mark.parametrize("case", list(MODELS))
+def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
+    model, op = MODELS[case]()
+    spec, inputs, weights = _opaque_spec(model)
+    assert spec.graph.nodes[0].a["op_type"] == op
+    if case in ("topk_k", "resize_cubic", "scatternd_weight"):
+        assert spec.graph.constants, "the constant input should be baked into the kernel"
+    if case == "scatternd_weight":
+        assert weights, "the large constant should be a weight input"
+    want = reference.run(spec.graph, dict(zip(spec.graph.inputs, inputs)))
+    backend = OnnxRuntimeBackend()
+    for given in (weights, {}):  # baked in (as the runtime and the profiler do), or fed
+        compiled = backend.compile(spec, "cpu", given)
+        outs = compiled.fn(*[to_tensor(x) for x in inputs])
+        assert check_kernel(outs, want, spec.graph) is None
+
+
+@pytest.mark.parametrize("case", list(MODELS))
+def test_plan_runs_an_opaque_kernel_with_constant_inputs(case, tmp_path):
+    model, op = MODELS[case]()
+    options = OptimizeOptions(
+        backends=("onnxruntime",), min_time=0.002, progress=False, seeds=False, cache=tmp_path / "p.sqlite"
+    )
+    plan = optimize(model, options=options)
+    opaque = [k for k in plan.kernels if any(n.prim is Prim.OPAQUE for n in k.spec.graph.nodes)]
+    assert [k.spec.graph.nodes[0].a["op_type"] for k in opaque] == [op]
+    assert plan.verify() <= 1e-4
+    feeds = plan.random_inputs(1)
+    want = check.onnxruntime_outputs(model, feeds)
+    got = plan.run(feeds)
+    for name, w in want.items():
+        assert got[name].dtype == w.dtype and got[name].shape == w.shape, name
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5)
+
+
+def test_plan_with_an_opaque_kernel_survives_save_and_load(tmp_path):
+    """The loaded plan compiles its kernels again (korch.runtime, weights baked in)."""
+    from korch.plan import Plan
+
+    model, _ = scatternd_weight()
+    options = OptimizeOptions(
+        backends=("onnxruntime",), min_time=0.002, progress=False, seeds=False, cache=tmp_path / "p.sqlite"
+    )
+    optimize(model, options=options).save(tmp_path / "plan")
+    plan = Plan.load(tmp_path / "plan")
+    x = rand(4, 16, seed=5)
+    (y,) = plan(torch.as_tensor(x))
+    want = check.onnxruntime_outputs(model, {"x": x})["y"]
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-4, atol=1e-5)
+
+
+def test_onnxruntime_declines_an_opaque_operator_among_others():
+    """The whole primitive graph as one kernel cannot splice an opaque operator's model (an opset
+    of its own) into ONNX at opset 18: declined up front rather than a failed compile."""
+    model, _ = topk_k_initializer()
+    graph = korch.fission(model).graph
+    spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
+    assert "opaque" in OnnxRuntimeBackend().supports(spec, "cpu")

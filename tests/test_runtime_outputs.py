@@ -1,0 +1,211 @@
+"""The runtime's outputs and inputs: every output a caller receives is a buffer of its own (never
+a plan weight, the caller's input, or another output), checked against ONNX Runtime; inputs that
+are not arrays are refused with a one-line error naming them."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from helpers import onnx_model
+from onnx import TensorProto, helper, numpy_helper
+
+import korch
+from korch.candidates import make_candidate
+from korch.errors import KorchError
+from korch.plan import build_plan
+from korch.solver import Choice, Solution
+
+F = TensorProto.FLOAT
+X = helper.make_tensor_value_info("x", F, [2, 3])
+
+
+def info(name, shape):
+    return helper.make_tensor_value_info(name, F, shape)
+
+
+def model(nodes, outputs, inits=(), inputs=(X,)):
+    return onnx_model(helper.make_graph(nodes, "g", list(inputs), outputs, list(inits)))
+
+
+C = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3) + 1, "c")
+K = numpy_helper.from_array(np.array([1.5, 2.5], np.float32))
+SHAPE = numpy_helper.from_array(np.array([3, 2], np.int64), "s")
+RELU = helper.make_node("Relu", ["x"], ["y"])
+
+MODELS = {
+    "initializer": model([RELU], [info("y", [2, 3]), info("c", [2, 3])], [C]),
+    "constant_node": model(
+        [RELU, helper.make_node("Constant", [], ["k"], value=K)], [info("y", [2, 3]), info("k", [2])]
+    ),
+    "input_passed_through": model([RELU], [info("y", [2, 3]), info("x", [2, 3])]),
+    "input_only": model([], [info("x", [2, 3])]),
+    "same_output_twice": model([RELU], [info("y", [2, 3]), info("y", [2, 3])]),
+    "output_and_its_identity": model(
+        [RELU, helper.make_node("Identity", ["y"], ["z"])], [info("y", [2, 3]), info("z", [2, 3])]
+    ),
+    # an eager kernel's reshape is a view of what it reads: the caller's input, or another output
+    "reshape_of_input": model([helper.make_node("Reshape", ["x", "s"], ["r"])], [info("r", [3, 2])], [SHAPE]),
+    "output_and_its_reshape": model(
+        [RELU, helper.make_node("Reshape", ["y", "s"], ["r"])],
+        [info("y", [2, 3]), info("r", [3, 2])],
+        [SHAPE],
+    ),
+}
+
+
+def plan_for(onnx_model_, backend, split):
+    """A plan of the whole graph as one kernel, or of one kernel per primitive (no profiling)."""
+    graph = korch.fission(onnx_model_).graph
+    groups = [[i] for i in range(len(graph.nodes))] if split else [range(len(graph.nodes))]
+    chosen = [Choice(make_candidate(graph, g), backend, 1.0) for g in groups if len(g)]
+    return build_plan(graph, Solution(chosen), "cpu", {})
+
+
+def onnxruntime_outputs(onnx_model_, x):
+    session = ort.InferenceSession(onnx_model_.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [np.array(o, copy=True) for o in session.run(None, {"x": x})]  # (it may share them too)
+
+
+def assert_equal(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+
+
+def assert_numpy_outputs_are_their_own(plan, want, x):
+    kept = x.copy()
+    weights = [w.numpy() for w in plan.executable().weights.values()]
+    outs = plan(x)
+    assert_equal(outs, want)
+    for i, out in enumerate(outs):
+        assert not np.shares_memory(out, x), f"output {i} is the caller's input"
+        assert not any(np.shares_memory(out, w) for w in weights), f"output {i} is a plan weight"
+        assert not any(np.shares_memory(out, o) for o in outs[:i]), f"output {i} is another output"
+    for out in outs:
+        out[...] = 999
+    np.testing.assert_array_equal(x, kept)
+    assert_equal(plan(x), want)
+
+
+def memory(t):
+    return t.untyped_storage().data_ptr()
+
+
+def assert_tensor_outputs_are_their_own(plan, want, x, run):
+    tx = torch.from_numpy(x.copy())
+    weights = {memory(w) for w in plan.executable().weights.values()}
+    outs = run(tx)
+    assert_equal([o.numpy() for o in outs], want)
+    places = [memory(o) for o in outs]
+    assert len(set(places)) == len(places), "two outputs share memory"
+    assert memory(tx) not in places, "an output is the caller's input"
+    assert not weights & set(places), "an output is a plan weight"
+    for out in outs:
+        out.add_(5)
+    np.testing.assert_array_equal(tx.numpy(), x)
+    assert_equal([o.numpy() for o in run(tx)], want)
+
+
+VIEWS = {"reshape_of_input", "output_and_its_reshape"}  # (ONNX Runtime kernels never return views)
+CASES = [
+    (name, backend)
+    for name in MODELS
+    for backend in ("eager", "onnxruntime")
+    if name not in VIEWS or backend == "eager"
+]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one_kernel", "kernel_per_primitive"])
+@pytest.mark.parametrize("name,backend", CASES)
+def test_each_output_is_a_buffer_of_its_own(name, backend, split):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    plan = plan_for(MODELS[name], backend, split)
+    want = onnxruntime_outputs(MODELS[name], x)
+    assert_numpy_outputs_are_their_own(plan, want, x)
+    assert_tensor_outputs_are_their_own(plan, want, x, plan)
+    # what torch.compile's backend calls
+    exe = plan.executable()
+    assert_tensor_outputs_are_their_own(plan, want, x, lambda t: exe.run_tensors(exe.feeds((t,), {})))
+
+
+def test_an_optimized_and_reloaded_plan_keeps_its_weights(tmp_path):
+    """The reported case: an initializer output, written to by the caller, came back written."""
+    from korch.pipeline import OptimizeOptions, optimize
+
+    options = OptimizeOptions(
+        backends=("onnxruntime",),
+        jobs=1,
+        time_budget=2,
+        min_time=0.002,
+        cache=tmp_path / "db.sqlite",
+        progress=False,
+    )
+    plan = optimize(MODELS["initializer"], options=options)
+    x = np.ones((2, 3), np.float32)
+    want = onnxruntime_outputs(MODELS["initializer"], x)
+    for p in (plan, korch.load(plan.save(tmp_path / "plan"))):
+        assert_numpy_outputs_are_their_own(p, want, x)
+        assert_tensor_outputs_are_their_own(p, want, x, p)
+
+
+@pytest.mark.parametrize("backend", ["eager", "onnxruntime"])
+def test_a_kernels_fresh_output_is_returned_without_a_copy(backend):
+    plan = plan_for(MODELS["same_output_twice"], backend, split=False)
+    exe = plan.executable()
+    made = []
+
+    def recording(fn):
+        def run(*args):
+            outs = fn(*args)
+            made.extend(outs)
+            return outs
+
+        return run
+
+    exe.steps = [(recording(fn), *rest) for fn, *rest in exe.steps]
+    first, second = exe.run_tensors(exe.feeds((np.ones((2, 3), np.float32),), {}))
+    assert len(made) == 1 and first is made[0]  # the kernel's own buffer; only the repeat is copied
+    assert memory(second) != memory(first)
+
+
+TWO_INPUTS = model(
+    [helper.make_node("Add", ["x", "m"], ["y"])], [info("y", [2, 3])], inputs=(X, info("m", [2, 3]))
+)
+JUNK = [None, "abc", b"abc", {"a": 1}, {1, 2}, object(), np.array([["a"] * 3] * 2), [[1.0, 2.0], [3.0]]]
+
+
+@pytest.mark.parametrize("junk", JUNK, ids=lambda v: type(v).__name__ if v is not None else "None")
+def test_an_input_that_is_not_an_array_is_named(junk):
+    plan = plan_for(TWO_INPUTS, "onnxruntime", split=False)
+    m = np.ones((2, 3), np.float32)
+    for call in (lambda: plan(junk, m), lambda: plan(x=junk, m=m), lambda: plan(m, junk)):
+        with pytest.raises(KorchError) as raised:
+            call()
+        text = str(raised.value)
+        assert "\n" not in text and "float32[2, 3]" in text, text
+        assert "input 'x'" in text or "input 'm'" in text, text
+    with pytest.raises(KorchError, match=r"input 'x' is None, not an array"):
+        plan(None, m)
+    np.testing.assert_array_equal(plan(m, m)[0], 2 * m)  # the plan still runs
+
+
+class ReturnsItsBufferAndInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.arange(6.0).reshape(2, 3))
+
+    def forward(self, x):
+        return x.relu(), self.b, x, x.reshape(3, 2)
+
+
+def test_a_torch_modules_plan_returns_buffers_of_its_own(tmp_path):
+    module = ReturnsItsBufferAndInput().eval()
+    x = torch.arange(6.0).reshape(2, 3) - 2
+    options = dict(
+        backends=("onnxruntime",), max_size=3, time_budget=5, jobs=1, min_time=0.002, progress=False
+    )
+    plan = korch.optimize(module, (x,), cache=str(tmp_path / "db.sqlite"), **options)
+    with torch.no_grad():
+        want = [t.clone().numpy() for t in module(x)]
+    assert_numpy_outputs_are_their_own(plan, want, x.numpy().copy())
+    assert_tensor_outputs_are_their_own(plan, want, x.numpy().copy(), plan)
