@@ -36,6 +36,13 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def _path(text: str) -> str:
+    """An argparse type: a file name, not an empty string (which a shell variable left unset gives)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("wants a file name, got an empty string")
+    return text
+
+
 def _at_least(low, kind=int):
     """An argparse type: a number of `kind` not below `low` (NaN is refused too)."""
 
@@ -88,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fission", help="split every operator of an ONNX model into primitives")
     _model_args(p)
-    p.add_argument("-o", "--output", help="write the primitive graph as JSON (large constants in .npz)")
+    p.add_argument(
+        "-o", "--output", type=_path, help="write the primitive graph as JSON (large constants in .npz)"
+    )
     p.add_argument("--check", action="store_true", help="compare with ONNX Runtime on random inputs")
     p.add_argument("--seed", type=int, default=0, help="seed for --check inputs")
     p.add_argument("--text", action="store_true", help="also print the primitive graph's text form")
@@ -101,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("optimize", help="fission, candidates, profiling, selection: write a plan")
     _model_args(p)
-    p.add_argument("-o", "--output", required=True, metavar="PLAN_DIR", help="where to write the plan")
+    p.add_argument(
+        "-o", "--output", type=_path, required=True, metavar="PLAN_DIR", help="where to write the plan"
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument(
         "--backends",
@@ -109,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         "onnxruntime on CPU; inductor,vendor,eager,onnxruntime on CUDA)",
     )
     p.add_argument(
-        "--cache", help="profile database (default $KORCH_CACHE or ~/.cache/korch/profiles.sqlite)"
+        "--cache",
+        type=_path,
+        help="profile database (default $KORCH_CACHE or ~/.cache/korch/profiles.sqlite)",
     )
     p.add_argument(
         "--time-budget", type=_at_least(0.0, float), help="seconds of profiling; the rest is skipped"
@@ -134,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a plan")
     p.add_argument("plan", metavar="PLAN_DIR")
     _plan_args(p)
-    p.add_argument("--inputs", help="inputs as .npz (default: seeded random inputs)")
-    p.add_argument("--output", help="write the outputs as .npz")
+    p.add_argument("--inputs", type=_path, help="inputs as .npz (default: seeded random inputs)")
+    p.add_argument("--output", type=_path, help="write the outputs as .npz")
     p.add_argument("--seed", type=int, default=0)
     _output_args(p)
 
@@ -165,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", help="cpu (default) or cuda, when optimizing a model (a plan has its own)")
     p.add_argument("--rounds", type=_at_least(1), default=10, help="interleaved blocks per system")
-    p.add_argument("--cache", help="profile database when optimizing a model")
+    p.add_argument("--cache", type=_path, help="profile database when optimizing a model")
     p.add_argument(
         "--time-budget", type=_at_least(0.0, float), help="seconds of profiling when optimizing a model"
     )
@@ -174,12 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="what a plan chose and why: kernels, alternatives, graph")
     p.add_argument("plan", metavar="PLAN_DIR")
-    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    p.add_argument("--html", type=_path, metavar="FILE", help="also write a self-contained HTML report")
     _output_args(p)
 
     p = sub.add_parser("zoo", help="build the bundled model zoo as ONNX files (random weights)")
     p.add_argument("names", nargs="*", help="models to build (default: all)")
-    p.add_argument("--dir", help="cache directory (default $KORCH_ZOO or ~/.cache/korch/zoo)")
+    p.add_argument("--dir", type=_path, help="cache directory (default $KORCH_ZOO or ~/.cache/korch/zoo)")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
     p.add_argument("--list", action="store_true", help="list the models")
     _output_args(p)

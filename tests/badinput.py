@@ -251,6 +251,12 @@ def flag_cases(model: Path, plan: Path, work: Path) -> list[Case]:
         "bench-plan-shape": ("bench", p, "--shape", "x=2x4"),
         "zoo-unknown-model": ("zoo", "nosuchmodel", "--dir", str(work / "zoo")),
         "run-output-in-missing-dir": ("run", p, "--output", str(work / "no" / "such" / "out.npz")),
+        # an empty path (a shell variable left unset) was taken as "." or as no option at all
+        "optimize-output-empty": ("optimize", m, "-o", "", "--cache", str(work / "cache.sqlite")),
+        "optimize-cache-empty": (*opt, "--cache", ""),
+        "run-inputs-empty": ("run", p, "--inputs", ""),
+        "explain-html-empty": ("explain", p, "--html", ""),
+        "zoo-dir-empty": ("zoo", "candy", "--dir", ""),
     }
     return [Case("flags", name, argv) for name, argv in cases.items()]
 
