@@ -28,3 +28,10 @@ def first_line(e: BaseException, limit: int = 300) -> str:
 def error_line(e: BaseException, limit: int = 300) -> str:
     """first_line, or the exception's type name when its message is empty."""
     return first_line(e, limit) or type(e).__name__
+
+
+def cannot_create(path, error: OSError) -> str:
+    """Why a directory at `path` (a pathlib.Path) could not be made: the file standing where a
+    directory should be, else the system's reason."""
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    return f"{blocker} exists and is not a directory" if blocker else (error.strerror or str(error))

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from korch.errors import KorchError
+from korch.errors import KorchError, cannot_create
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS profiles (
@@ -86,9 +86,9 @@ def _make_directory(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-        reason = f"{blocker} exists and is not a directory" if blocker else (e.strerror or str(e))
-        raise KorchError(f"cannot create the profile database {path}: {reason}") from None
+        raise KorchError(
+            f"cannot create the profile database {path}: {cannot_create(path.parent, e)}"
+        ) from None
 
 
 class ProfileDB:

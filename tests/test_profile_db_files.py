@@ -126,8 +126,10 @@ def test_missing_and_empty_files_become_new_databases(tmp_path):
 
 
 def test_opening_waits_for_another_run_creating_korchs_tables(tmp_path):
-    """Another run still creates the database in its first journal mode: the check of the schema
-    and the switch to WAL wait for it, and its tables are korch's, so the file is accepted."""
+    """Another run still creates the database in its first journal mode, where SQLite refuses the
+    switch to WAL at once ("database is locked"): the check of the schema and the switch wait for
+    it instead of failing (two optimizes on one fresh database could lose one of them), and its
+    tables are korch's, so the file is accepted."""
     path = tmp_path / "p.sqlite"
     writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     writer.execute("BEGIN IMMEDIATE")

@@ -153,32 +153,6 @@ def test_a_script_read_from_standard_input_profiles_in_worker_processes(tiny_mod
     assert failed == 0
 
 
-def test_a_run_opening_the_database_while_another_creates_it_waits(tmp_path):
-    """Another run is still writing a new database in its first journal mode: SQLite refuses the
-    switch to WAL at once ("database is locked"); opening waits for the writer instead of failing
-    (this is how two optimizes on one fresh database could lose one of them)."""
-    import threading
-
-    from korch.profile_db import SCHEMA, ProfileDB
-
-    path = tmp_path / "p.sqlite"
-    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    writer.execute(SCHEMA)  # korch's own table: a file holding another program's is refused
-    writer.execute("BEGIN IMMEDIATE")
-    writer.execute(
-        "INSERT INTO profiles (key, backend, backend_version, device, signature, status, spec, created) "
-        "VALUES ('k', 'b', 'v', 'cpu', 's', 'failed', '{}', 0)"
-    )
-    threading.Timer(0.5, writer.execute, ["COMMIT"]).start()
-    db = ProfileDB(path)
-    try:
-        assert db.conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert db.count() == 1
-    finally:
-        db.close()
-        writer.close()
-
-
 def test_faulty_backends_are_excluded_and_the_plan_verifies(tmp_path, monkeypatch):
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])

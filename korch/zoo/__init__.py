@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from korch.errors import KorchError
+from korch.errors import KorchError, cannot_create
 from korch.graph_io import new_file_mode
 
 ZOO_VERSION = 2  # bump when a definition changes so cached files are rebuilt
@@ -148,9 +148,9 @@ def _temporary_file(directory: Path, name: str) -> str:
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".onnx")
     except OSError as e:
-        blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
-        reason = f"{blocker} exists and is not a directory" if blocker else (e.strerror or str(e))
-        raise KorchError(f"cannot write to the zoo directory {directory}: {reason}") from None
+        raise KorchError(
+            f"cannot write to the zoo directory {directory}: {cannot_create(directory, e)}"
+        ) from None
     os.close(fd)
     os.chmod(tmp, new_file_mode())
     return tmp
