@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 import onnx
 
-from korch import check
+from korch import busy, check
 from korch.alternatives import rejected_alternatives
 from korch.backends import device_name, get_backends
 from korch.candidates import (
@@ -334,7 +334,8 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         _say(
             options,
             f"plan {len(measured_plans)} measured in place: {len(plan.kernels)} kernels, "
-            f"{measured['ms']:.3f} ms (predicted {plan.predicted_ms:.3f})",
+            f"{measured['ms']:.3f} ms (predicted {plan.predicted_ms:.3f})"
+            + (", other processes kept the CPU busy" if measured["disturbed"] else ""),
         )
         # minima: a shared machine's interference inflates medians of a few runs, never minima
         if best is None or measured["min_ms"] < best[0].meta["measured"]["min_ms"]:
@@ -414,12 +415,20 @@ def measure_in_place(plan: Plan, repeats: int = 5, spread_s: float = 0.0) -> dic
     """The plan run as a whole, each kernel timed where it runs: the check on the cost model (the
     sum of kernels timed alone, warm) that `korch optimize` and `korch explain` report."""
     exe = plan.executable()
-    total, fastest, steps = exe.time_steps(exe.feeds((), plan.random_inputs()), repeats, spread_s)
+    feeds = exe.feeds((), plan.random_inputs())
+    with busy.Window() as window:
+        total, fastest, steps = exe.time_steps(feeds, repeats, spread_s)
+    if window.disturbed and not plan.device.startswith("cuda"):  # other processes took the CPU
+        with busy.Window() as window:  # once more, and the faster run kept
+            again = exe.time_steps(feeds, repeats, spread_s)
+        if again[1] < fastest:
+            total, fastest, steps = again
     return {
         "ms": round(total, 6),
         "min_ms": round(fastest, 6),
         "kernels_ms": [round(t, 6) for t in steps],
         "predicted_over_measured": round(plan.predicted_ms / total, 4) if total else None,
+        "disturbed": window.disturbed,  # (the last run)
     }
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,3 +92,21 @@ def check_model(model, feeds, tol=1e-4, allow_opaque=False):
 def check_op(op_type, inputs, attrs=None, opset=17, n_outputs=1, out_dtypes=None, tol=1e-4):
     model, feeds = one_node_model(op_type, inputs, attrs, opset, n_outputs, out_dtypes)
     return check_model(model, feeds, tol)
+
+
+@contextlib.contextmanager
+def neighbours():
+    """Other processes that keep every core busy (pure-Python loops) until the block ends."""
+    spin = "import sys; sys.stdout.write('x'); sys.stdout.flush()\nwhile True: pass"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
+        for _ in range(min(os.cpu_count() or 1, 4))
+    ]
+    try:
+        for proc in procs:
+            proc.stdout.read(1)  # it runs
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

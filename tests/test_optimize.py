@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from helpers import onnx_model
+from helpers import neighbours, onnx_model
 from onnx import helper
 
 import korch
@@ -355,6 +356,23 @@ def test_in_place_runs_are_spread_over_time(model_path, tmp_path):
     median, fastest, steps = exe.time_steps(feeds, repeats=5, spread_s=0.4)
     assert time.perf_counter() - start >= 0.4
     assert 0 < fastest <= median and len(steps) == len(plan.kernels)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="korch.busy reads Linux's /proc/stat")
+def test_a_plan_measured_while_other_processes_use_the_cpu_is_measured_again(model_path, tmp_path):
+    """Neighbours spinning on every core (the oracle) make the in-place run disturbed: it is run
+    a second time (twice the spread) and says so."""
+    import time
+
+    from korch.pipeline import measure_in_place
+
+    plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", measure=False, **FAST))
+    with neighbours():
+        start = time.perf_counter()
+        measured = measure_in_place(plan, spread_s=0.3)
+        seconds = time.perf_counter() - start
+    assert measured["disturbed"] and seconds >= 0.6
+    assert 0 < measured["min_ms"] <= measured["ms"]
 
 
 def test_a_plan_of_eager_single_primitives_verifies(model_path, tmp_path):

@@ -1,6 +1,5 @@
 """The profiling harness and the profile database: isolation of faulty kernels, caching, crashes."""
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from faulty_backends import HangBackend, RaiseBackend, SegfaultBackend, WrongBackend
-from helpers import Const, one_node_model, rand
+from helpers import Const, neighbours, one_node_model, rand
 
 import korch
 from korch import busy
@@ -46,24 +45,6 @@ def test_time_fn_spreads_its_samples_over_time():
     assert 0 < lo <= median <= hi and n >= 5
 
 
-@contextlib.contextmanager
-def _neighbours():
-    """Other processes that keep every core busy (pure-Python loops) until the block ends."""
-    spin = "import sys; sys.stdout.write('x'); sys.stdout.flush()\nwhile True: pass"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
-        for _ in range(min(os.cpu_count() or 1, 4))
-    ]
-    try:
-        for proc in procs:
-            proc.stdout.read(1)  # it runs
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-
-
 def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -73,7 +54,7 @@ def _spin(seconds: float) -> None:
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="korch.busy reads Linux's /proc/stat")
 def test_busy_window_sees_other_processes_and_not_this_one():
     """The oracle: neighbours known to spin on every core for the whole window."""
-    with _neighbours(), busy.Window() as w:
+    with neighbours(), busy.Window() as w:
         _spin(0.3)
     assert w.others_cores >= 0.5 and w.disturbed
     # a core of this process's own work is not counted as another's: beside the same background
@@ -91,7 +72,7 @@ def test_busy_window_sees_other_processes_and_not_this_one():
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="korch.busy reads Linux's /proc/stat")
 def test_time_fn_times_again_while_the_machine_is_busy():
     a = torch.randn(64, 64)
-    with _neighbours():
+    with neighbours():
         timing = time_fn(lambda x: [x @ x], [a], "cpu", min_time=0.05)
     assert timing.tries == 1 + RETIMES and timing.disturbed
     assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
