@@ -392,7 +392,9 @@ def _runoff(best, measured: list, spread_s: float, options: OptimizeOptions | No
         feeds = exe.feeds((), plan.random_inputs())
         calls[i] = lambda exe=exe, feeds=feeds: exe.run_tensors(feeds)
     pause = spread_s / RUNOFF_ROUNDS
-    samples = interleave(calls, RUNOFF_ROUNDS, 0.0, close[0][0].device, round_pause_s=pause)
+    # blocks of at least min_time each (and 4 calls): a sub-millisecond plan gets tens of samples
+    block_s = options.min_time if options is not None else OptimizeOptions.min_time
+    samples = interleave(calls, RUNOFF_ROUNDS, block_s, close[0][0].device, round_pause_s=pause)
     medians = [statistics.median(samples[i]) for i in range(len(close))]
     winner = medians.index(min(medians))
     first = [round(p.meta["measured"]["min_ms"], 6) for p, _ in close]
