@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 # /proc/stat counts in ticks (10 ms): one tick of noise either way is common, so a window is
 # disturbed when others took at least two ticks and a fifth of a core on average
 MIN_TICKS = 2
 MIN_CORES = 0.2
+T = TypeVar("T")
 
 
 def _machine_ticks() -> int | None:
@@ -56,3 +59,20 @@ class Window:
         others_s = (machine - self._machine) * _TICK_S - (_own_s() - self._own)
         self.others_cores = others_s / wall
         self.disturbed = others_s >= MIN_TICKS * _TICK_S and self.others_cores >= MIN_CORES
+
+
+def quietest(measure: Callable[[], T], retries: int, key: Callable[[T], float], pause_s: float = 0.0):
+    """measure() in a Window, and again while other processes took the CPU (after pause_s times
+    the try's number), `retries` times at most: (the result of least key, the tries, whether every
+    try was disturbed)."""
+    best = None
+    for attempt in range(1 + retries):
+        if attempt:
+            time.sleep(pause_s * attempt)
+        with Window() as window:
+            result = measure()
+        if best is None or key(result) < key(best):
+            best = result
+        if not window.disturbed:
+            return best, attempt + 1, False
+    return best, 1 + retries, True

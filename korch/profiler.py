@@ -149,17 +149,13 @@ def time_fn(fn, inputs, device: str = "cpu", min_time: float = 0.05, spread_s: f
     `disturbed` says that no try was quiet."""
     if device.startswith("cuda"):  # device time: the host's neighbours do not stretch it
         return _time_once(fn, inputs, device, min_time, spread_s)
-    best = None
-    for attempt in range(1 + RETIMES):
-        if attempt:
-            time.sleep(RETIME_PAUSE_S * attempt)
-        with busy.Window() as window:
-            timing = _time_once(fn, inputs, device, min_time, spread_s)
-        if best is None or timing.median_ms < best.median_ms:
-            best = timing
-        if not window.disturbed:
-            return best._replace(tries=attempt + 1)
-    return best._replace(tries=1 + RETIMES, disturbed=True)
+    timing, tries, disturbed = busy.quietest(
+        lambda: _time_once(fn, inputs, device, min_time, spread_s),
+        RETIMES,
+        key=lambda t: t.median_ms,
+        pause_s=RETIME_PAUSE_S,
+    )
+    return timing._replace(tries=tries, disturbed=disturbed)
 
 
 def _time_once(fn, inputs, device: str, min_time: float, spread_s: float) -> Timing:
