@@ -6,36 +6,39 @@
 # to $OUT. korch runs from the source tree (no install: the machine's torch version is kept).
 # Every step has its own time limit, smallest models first, and each model's result is stored as
 # soon as it exists, so a slow model costs only itself: each model may take what is left of the
-# DEADLINE (seconds from the start, default 560) shared equally among the models still to run, so
+# DEADLINE (seconds from the start, default 575) shared equally among the models still to run, so
 # time a fast model leaves goes to the slower ones after it.
 #
-#   OUT=gpu-results [DEADLINE=560] bash benchmarks/gpu_bench.sh [SECONDS_OF_PROFILING_PER_MODEL]
+#   OUT=gpu-results [DEADLINE=575] bash benchmarks/gpu_bench.sh [SECONDS_OF_PROFILING_PER_MODEL]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu-results}
 BUDGET=${1:-20}
-DEADLINE=${DEADLINE:-560}
+DEADLINE=${DEADLINE:-575}
 [[ "$DEADLINE" =~ ^[1-9][0-9]*$ ]] || { echo "DEADLINE: whole seconds, got '$DEADLINE'" >&2; exit 2; }
 MODELS="yolox-nano efficientvit-b1 segformer-b0 candy yolov4"
 mkdir -p "$OUT"
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'" || exit 2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
-timeout 120 python3 -m pytest -q -m gpu tests/test_gpu.py > "$OUT/gpu-tests.log" 2>&1
+# one line per test as it ends (-v): a run stopped by its time limit still says what passed
+timeout 150 python3 -m pytest -v -m gpu --durations=5 tests/test_gpu.py > "$OUT/gpu-tests.log" 2>&1
 echo "exit $?" >> "$OUT/gpu-tests.log"
 # the ONNX exports run on the CPU, all models at once (about a minute)
 timeout 60 python3 -m korch.cli zoo $MODELS --dir /tmp/korch-zoo > "$OUT/zoo-bench.log" 2>&1
 left=$(echo $MODELS | wc -w)
 for model in $MODELS; do
     share=$(( (DEADLINE - SECONDS) / left )); left=$(( left - 1 ))
-    echo "$model: up to ${share} s" >> "$OUT/zoo-bench.log"
+    echo "$(date +%T) $model: up to ${share} s" >> "$OUT/zoo-bench.log"
     [ "$share" -ge 20 ] || continue  # (timeout 0 would mean no limit at all)
     timeout "$share" python3 benchmarks/zoo_bench.py "$model" \
         --device cuda --dir /tmp/korch-zoo --cache /tmp/korch-gpu.sqlite --out "$OUT" \
         --time-budget "$BUDGET" --peers torch-compile,torch-compile-cudagraphs,eager --rounds 5 \
         --no-rerun >> "$OUT/zoo-bench.log" 2>&1
-    echo "$model: exit $?" >> "$OUT/zoo-bench.log"
+    echo "$(date +%T) $model: exit $?" >> "$OUT/zoo-bench.log"
 done
 python3 benchmarks/zoo_report.py "$OUT/results.json" --markdown "$OUT/BENCHMARKS-gpu.md" \
-    >> "$OUT/zoo-bench.log" 2>&1
+    --chart "$OUT/zoo-gpu.png" >> "$OUT/zoo-bench.log" 2>&1
+# every kernel profiled, for the per-kernel breakdown (sqlite3 reads it)
+gzip -c /tmp/korch-gpu.sqlite > "$OUT/profiles-gpu.sqlite.gz" 2>/dev/null
 tail -n 40 "$OUT/gpu-tests.log" "$OUT/zoo-bench.log"

@@ -69,7 +69,9 @@ def compile_seconds(db: Path) -> dict[str, float]:
     return {b: round(statistics.median(v), 3) for b, v in by.items()}
 
 
-def run_model(name: str, args, ceilings: dict) -> dict:
+def run_model(name: str, args, ceilings: dict, out: Path) -> dict:
+    """One model's entry; korch's part is stored as unfinished before the peers compile, so a
+    run cut short by a time limit still leaves its numbers."""
     path = zoo.build(name, args.dir)
     cache = Path(args.cache or Path(args.out) / f"profiles-{args.device}.sqlite")
     options = OptimizeOptions(
@@ -95,10 +97,8 @@ def run_model(name: str, args, ceilings: dict) -> dict:
         f"verify max rel err {err:.1e}",
         flush=True,
     )
-    peers = tuple(p for p in args.peers.split(",") if p)
-    report = bench(plan, peers, rounds=args.rounds)
     meta = plan.meta
-    return {
+    entry = {
         "model": name,
         "device": args.device,
         "primitives": meta["fission"]["primitives"],
@@ -114,12 +114,17 @@ def run_model(name: str, args, ceilings: dict) -> dict:
         "optimize_warm_s": round(warm_s, 1) if warm_s is not None else None,
         "warm_cache_hit_rate": hits["cache_hits"] / max(hits["cache_hits"] + hits["profiled"], 1),
         "max_rel_err": err,
-        "bench": report,
+        "in_place_ms": measured.get("ms"),
         "roofline": roofline_floor_ms(plan.graph, ceilings),
         "top_kernels": top_kernels(plan),
         "compile_s_per_candidate": compile_seconds(cache),
         "time_budget": args.time_budget,
+        "ceilings": ceilings,
     }
+    store(out, entry, finished=False)
+    peers = tuple(p for p in args.peers.split(",") if p)
+    entry["bench"] = bench(plan, peers, rounds=args.rounds)
+    return entry
 
 
 def machine() -> dict:
@@ -139,10 +144,19 @@ def machine() -> dict:
     }
 
 
-def store(out: Path, entry: dict) -> None:
+def store(out: Path, entry: dict, finished: bool = True) -> None:
+    """Into OUT/results.json: "runs" holds finished entries, "unfinished" those whose peers have
+    not been timed (yet)."""
     path = out / "results.json"
     doc = json.loads(path.read_text()) if path.exists() else {"runs": {}}
-    doc["runs"][f"{entry['model']}@{entry['device']}"] = entry
+    key = f"{entry['model']}@{entry['device']}"
+    unfinished = doc.setdefault("unfinished", {})
+    unfinished.pop(key, None)
+    if finished:
+        doc["runs"][key] = entry
+    else:
+        doc["runs"].pop(key, None)
+        unfinished[key] = entry
     doc["machine"] = machine()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
@@ -170,8 +184,7 @@ def main() -> None:
     ceilings = measure_ceilings(args.device) if models else {}
     for name in models:
         print(f"== {name}", flush=True)
-        entry = run_model(name, args, ceilings)
-        entry["ceilings"] = ceilings
+        entry = run_model(name, args, ceilings, out)
         store(out, entry)
         res = entry["bench"]["results"]
         print(" ".join(f"{k} {v['median_ms']:.3f} ms" for k, v in res.items()), flush=True)

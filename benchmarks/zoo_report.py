@@ -140,7 +140,21 @@ def render_markdown(doc: dict) -> str:
             *targets(runs, device),
             *breakdown(runs),
         ]
+    out += unfinished(doc.get("unfinished", {}).values())
     return "\n".join(out) + "\n"
+
+
+def unfinished(entries) -> list[str]:
+    """Models optimized and verified whose peers were not timed (the run's time limit)."""
+    lines = [
+        f"- {r['model']} ({r['device']}): optimized in {r['optimize_cold_s']} s, {r['kernels']} kernels, "
+        f"in place {r['in_place_ms'] or float('nan'):.3f} ms (predicted {r['predicted_ms']:.3f}), "
+        f"verify err {r['max_rel_err']:.1e}; the peers were not timed"
+        for r in entries
+    ]
+    if not lines:
+        return []
+    return ["\nUnfinished (stopped by the time limit while the peers compiled or ran):\n", *lines]
 
 
 def render_chart(doc: dict, path: str) -> None:
