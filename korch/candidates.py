@@ -51,6 +51,9 @@ class Candidate:
     seed: bool = False  # a whole partition offered as one kernel (not size-bounded or legality-checked)
 
 
+WHOLE_GRAPH = -1  # the partition index of a candidate over the whole graph (korch.pipeline's seeds)
+
+
 @dataclass
 class CandidateSet:
     graph: Graph

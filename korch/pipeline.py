@@ -22,6 +22,7 @@ from korch import busy, check
 from korch.alternatives import rejected_alternatives
 from korch.backends import device_name, get_backends
 from korch.candidates import (
+    WHOLE_GRAPH,
     Candidate,
     CandidateOptions,
     CandidateSet,
@@ -42,7 +43,6 @@ from korch.roofline import measure_ceilings
 from korch.runtime import interleave
 from korch.solver import Choice, Solution, greedy, solve
 
-WHOLE_GRAPH = -1  # the partition index of the whole-graph seed
 WHOLE_GRAPH_REACH = 10.0  # whole-graph plans isolated within this factor of the best measured are measured
 RUNOFF = 1.15  # measured plans within this factor of the fastest (by minima) are timed again side by side
 RUNOFF_ROUNDS = 8

@@ -24,7 +24,7 @@ import torch
 from korch import busy, check, reference
 from korch.backends import Backend, compile_with, device_intervals, device_name, synchronize, torch_ops
 from korch.backends.torch_ops import to_tensor
-from korch.candidates import CandidateSet
+from korch.candidates import WHOLE_GRAPH, CandidateSet
 from korch.errors import KorchError, first_line
 from korch.ir import Graph
 from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_graph_json, kernel_spec
@@ -362,15 +362,18 @@ def _load(value) -> np.ndarray:
     return np.load(value) if isinstance(value, str) else value
 
 
-def _coverage(jobs: list[tuple[KernelSpec, Backend]], done: set[str]) -> list[tuple[KernelSpec, Backend]]:
-    """What still runs after the time budget: each single primitive that no backend has run yet
-    (`done`), on its first backend in priority order, so every primitive has some kernel and a plan
-    (and the greedy baseline) exists."""
-    seen = set(done)
+def _coverage(
+    jobs: list[tuple[KernelSpec, Backend]], covered: set[int], computes: dict[str, set[int]]
+) -> list[tuple[KernelSpec, Backend]]:
+    """What still runs after the time budget: each single primitive that no profiled single or
+    seed computes yet (`covered`), on its first backend in priority order, so every primitive has
+    some kernel and a plan exists. `computes`: the primitives of each key (identical candidates
+    share one)."""
+    covered = set(covered)
     keep = []
     for spec, backend in jobs:
-        if len(spec.graph.nodes) == 1 and spec.key not in seen:
-            seen.add(spec.key)
+        if len(spec.graph.nodes) == 1 and not computes[spec.key] <= covered:
+            covered |= computes[spec.key]
             keep.append((spec, backend))
     return keep
 
@@ -394,17 +397,21 @@ def _write_blobs(specs, directory: Path) -> tuple[dict[str, dict[str, bytes]], d
     return data, paths
 
 
-def _priority(job: tuple[KernelSpec, Backend]) -> tuple:
+def _priority(job: tuple[KernelSpec, Backend], lead: frozenset[str] = frozenset()) -> tuple:
     """Under a time budget what matters most is profiled first: the source model run whole (a
     complete plan on its own), every single primitive in a cheap-to-compile backend and every
     whole-partition seed (a complete plan needs them), then larger fusions first. Inductor's
     single-primitive kernels (on CUDA a Triton compile each) come after the fusions of their size:
-    a cheaper backend already gives every primitive a kernel."""
+    a cheaper backend already gives every primitive a kernel. The keys in `lead` come before all
+    but the source model: the partitions' seeds where no source model runs whole (on CUDA, where
+    ONNX Runtime has no provider), together the first complete plan, compiled in parallel, where
+    the hundreds of single primitives timed one by one would take a short budget on their own."""
     spec, backend = job
     size = len(spec.graph.nodes)
     inductor = backend.name == "inductor"
     essential = spec.seed or (size == 1 and not inductor)
-    return (not spec.key.startswith(SOURCE_MODEL_PREFIX), not essential, inductor, -size)
+    source = spec.key.startswith(SOURCE_MODEL_PREFIX)
+    return (not source, spec.key not in lead, not essential, inductor, -size)
 
 
 def profile(
@@ -510,12 +517,24 @@ def profile(
     timer = WorkerPool(1, torch.get_num_threads(), run_job)
     progress = _Progress(len(jobs), "profiling", options.progress, deadline)
     chunk = max(16, 8 * workers)  # compile a chunk in parallel, then time it alone
-    queue, first, late = sorted(jobs, key=_priority), 0, False
+    computes: dict[str, set[int]] = {}  # the primitives each key's kernel computes
+    for c in candidates.candidates:
+        computes.setdefault(c.key, set()).update(c.nodes)
+    # seeds (the source model too) and singles: kernels that make a plan with no fusion beside them
+    complete = {k for k, c in representative.items() if c.seed or len(c.nodes) == 1}
+    runs_whole = any(
+        k.startswith(SOURCE_MODEL_PREFIX) and (k in sources or any(p.status == "ok" for p in by.values()))
+        for k, by in result.profiles.items()
+    )
+    partition_seeds = frozenset(k for k, c in representative.items() if c.seed and c.partition != WHOLE_GRAPH)
+    queue = sorted(jobs, key=lambda job: _priority(job, frozenset() if runs_whole else partition_seeds))
+    first, late = 0, False
     try:
         while first < len(queue):
             if not late and first and deadline is not None and time.time() > deadline:
-                done = {k for k, by in result.profiles.items() if any(p.status == "ok" for p in by.values())}
-                rest = _coverage(queue[first:], done)
+                ok = [k for k, by in result.profiles.items() if any(p.status == "ok" for p in by.values())]
+                covered = set().union(*(computes[k] for k in ok if k in complete))
+                rest = _coverage(queue[first:], covered, computes)
                 result.skipped += len(queue) - first - len(rest)
                 progress.skip(len(queue) - first - len(rest))
                 queue, first, late = rest, 0, True

@@ -111,7 +111,9 @@ def test_torch_compile_backend_on_cuda_returns_outputs_the_caller_owns(tmp_path)
     from korch import torch_backend
 
     module = Block().eval().cuda()
-    options = {**FAST, "backends": ("inductor", "vendor"), "cache": str(tmp_path / "p.sqlite")}
+    # (a budget: the H200 run without one did not end within 100 s)
+    options = {**FAST, "backends": ("inductor", "vendor"), "time_budget": 10, "jobs": 4}
+    options["cache"] = str(tmp_path / "p.sqlite")
     torch._dynamo.reset()
     try:
         # the backend by its function: the GPU run uses the source tree, where the "korch" name

@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 import torch
 from faulty_backends import HangBackend, RaiseBackend, SegfaultBackend, WrongBackend
-from helpers import Const, neighbours, one_node_model, rand
+from helpers import Const, neighbours, one_node_model, onnx_model, rand
+from onnx import TensorProto, helper, numpy_helper
 
 import korch
 from korch import busy
 from korch.backends import get_backends
 from korch.candidates import CandidateOptions, enumerate_candidates
+from korch.kernel import kernel_spec
+from korch.pipeline import add_seeds
 from korch.profile_db import ProfileDB
 from korch.profiler import RETIMES, ProfileOptions, profile, time_fn
 
@@ -143,6 +146,42 @@ def test_time_budget_skips_and_reports(tmp_path):
     assert singles <= set(result.profiles)
     assert 0 < result.profiled < cands.unique_keys
     assert result.profiled + result.skipped == cands.unique_keys
+
+
+def _layernorm_softmax_gelu():
+    """26 primitives, 20 distinct single-primitive kernels, one partition."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])
+    weights = [numpy_helper.from_array(rand(8, seed=1), "s"), numpy_helper.from_array(rand(8, seed=2), "b")]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "s", "b"], ["n"]),
+        helper.make_node("Softmax", ["n"], ["p"], axis=1),
+        helper.make_node("Gelu", ["p"], ["y"]),
+    ]
+    return onnx_model(helper.make_graph(nodes, "g", [x], [y], weights), opset=20)
+
+
+def test_without_a_source_model_the_partition_seeds_lead_and_cover(tmp_path):
+    """On CUDA no backend runs the source model whole and a single primitive costs tens of
+    milliseconds to time, so a short budget went to singles and no fusion was ever profiled (the
+    H200 run: 600 single-primitive kernels per plan). The partition's seed (Inductor here, as on
+    CUDA) now comes first, and past the deadline no single it covers is profiled."""
+    graph = korch.fission(_layernorm_softmax_gelu()).graph
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
+    assert add_seeds(graph, cands) == 1
+    (seed,) = [c.key for c in cands.candidates if c.seed]
+    singles = {c.key for c in cands.candidates if len(c.nodes) == 1}
+    assert len(singles) > 16  # more than the first chunk (one worker), which is always profiled
+    opts = ProfileOptions(min_time=0.002, progress=False, time_budget=0.0, jobs=1)
+    backends = get_backends(["eager", "inductor"])
+    result = profile(graph, cands, backends, ProfileDB(tmp_path / "p.sqlite"), opts)
+    assert result.profiles[seed]["inductor"].status == "ok"
+    assert 0 < len([k for k in singles if result.profiles[k]]) < len(singles)
+    assert result.profiled + result.skipped == sum(
+        b.supports(kernel_spec(graph, c), "cpu") is None
+        for c in {c.key: c for c in cands.candidates}.values()
+        for b in backends
+    )
 
 
 def test_progress_counts_to_what_was_left_at_the_deadline(tmp_path, capsys):
