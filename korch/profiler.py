@@ -22,7 +22,15 @@ import numpy as np
 import torch
 
 from korch import busy, check, reference
-from korch.backends import Backend, compile_with, device_intervals, device_name, synchronize, torch_ops
+from korch.backends import (
+    WAKE_CALLS,
+    Backend,
+    compile_with,
+    device_intervals,
+    device_name,
+    synchronize,
+    torch_ops,
+)
 from korch.backends.torch_ops import to_tensor
 from korch.candidates import WHOLE_GRAPH, CandidateSet
 from korch.errors import KorchError, first_line
@@ -175,7 +183,8 @@ def _time_once(fn, inputs, device: str, min_time: float, spread_s: float) -> Tim
     for i in range(slices):
         if i:
             time.sleep(spread_s / (slices - 1))
-            fn(*inputs)  # thread pools and clocks wake up after the pause
+            for _ in range(WAKE_CALLS):  # thread pools and clocks wake up after the pause
+                fn(*inputs)
             synchronize(device)
         deadline = time.perf_counter() + min_time / slices
         first = len(samples)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from korch.backends import all_backends, compile_with, device_intervals, synchronize
+from korch.backends import WAKE_CALLS, all_backends, compile_with, device_intervals, synchronize
 from korch.backends.torch_ops import DTYPES
 from korch.errors import KorchError, first_line
 from korch.reference import mismatch
@@ -154,7 +154,8 @@ class Executable:
         for i in range(repeats + 1):  # the first run warms up
             if i > 1 and spread_s > 0:
                 time.sleep(spread_s / (repeats - 1))
-                self._run(feeds)  # thread pools and clocks wake up after the pause
+                for _ in range(WAKE_CALLS):  # thread pools and clocks wake up after the pause
+                    self._run(feeds)
             synchronize(device)
             if cuda:
                 begin = time.perf_counter()
