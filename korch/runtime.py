@@ -251,7 +251,7 @@ def interleave(
     systems: dict[str, Callable], rounds: int, block_s: float, device: str, pause_s=0.02, round_pause_s=0.0
 ):
     """Milliseconds of each call of each system (name -> list), timed side by side: `rounds` rounds,
-    in each a block of at least block_s seconds (and 4 calls) per system."""
+    in each a block of at least block_s seconds (and 3 timed calls) per system."""
     samples: dict[str, list[float]] = {name: [] for name in systems}
     order = list(systems.items())
     for r in range(rounds):
@@ -259,18 +259,19 @@ def interleave(
             time.sleep(round_pause_s)
         # interleaved blocks (A B C, then C B A, ...), so drift on a shared machine hits every
         # system alike and no system always follows the same one; a pause lets the previous
-        # block's spinning thread pools go idle; the first call of each block is dropped: it
-        # pays for waking a thread pool, which says more about the switch than about the system
+        # block's spinning thread pools go idle; the first calls of each block are dropped
+        # (WAKE_CALLS): they pay for waking thread pools, which says more about the switch than
+        # about the system
         for name, fn in order if r % 2 == 0 else order[::-1]:
             time.sleep(pause_s)
             block_end = time.perf_counter() + block_s
             calls = 0
-            while calls < 4 or time.perf_counter() < block_end:
+            while calls < WAKE_CALLS + 3 or time.perf_counter() < block_end:
                 synchronize(device)
                 start = time.perf_counter()
                 fn()
                 synchronize(device)
-                if calls:
+                if calls >= WAKE_CALLS:
                     samples[name].append((time.perf_counter() - start) * 1e3)
                 calls += 1
     return samples
