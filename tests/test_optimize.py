@@ -513,3 +513,18 @@ def test_plans_measured_close_run_again_side_by_side_and_the_faster_wins(model_p
     assert runoff["medians_ms"][0] < runoff["medians_ms"][1] and len(runoff["min_ms"]) == 2
     fast.meta["measured"]["min_ms"] = 2 * slow.meta["measured"]["min_ms"]
     assert _runoff((slow, "slow"), contenders, 0.1) == ((slow, "slow"), None)
+
+
+def test_in_place_calibration_takes_no_per_kernel_cost_from_one_kernel_and_none_below_zero():
+    """What running inside a plan adds to each kernel (korch.pipeline.extra_per_kernel): one
+    whole-graph kernel 0.26 ms faster in place once priced every other ONNX Runtime kernel 0.26 ms
+    cheaper (down to nothing), and a 305-kernel plan was predicted at 0.84 ms; it ran in 57."""
+    from korch.pipeline import extra_per_kernel
+
+    assert extra_per_kernel([("onnxruntime", 7.212, 6.951)]) == {}
+    assert extra_per_kernel([("onnxruntime", 7.212, 7.951)]) == {}
+    faster = [("inductor", 0.30, 0.20), ("inductor", 0.10, 0.05), ("inductor", 0.40, 0.38)]
+    assert extra_per_kernel(faster) == {"inductor": 0.0}
+    slower = [("vendor", 0.10, 0.13), ("vendor", 0.20, 0.22), ("vendor", 0.05, 0.10)]
+    slower.append(("onnxruntime", 1.0, 0.5))  # one kernel of its backend: nothing for onnxruntime
+    assert extra_per_kernel(slower) == {"vendor": pytest.approx(0.03)}
