@@ -13,11 +13,10 @@ log = logging.getLogger("korch")
 
 
 def _ray_job(job: dict, threads: int) -> dict:
-    import torch
-
     from korch.profiler import run_job
+    from korch.worker_pool import use_threads
 
-    torch.set_num_threads(threads)
+    use_threads(threads)
     return run_job(job)
 
 

@@ -24,13 +24,24 @@ STARTUP_S = 120.0  # a worker not ready after this long is stuck (a hung import,
 _READY = {"ready": True}
 
 
+def use_threads(threads: int) -> None:
+    """A worker's share of the cores, for its kernels (torch's intra-op threads) and for
+    Inductor's compiles, which would otherwise start a pool of min(32, cores) processes in every
+    worker: 256 compiling processes beside 16 workers on the 16-core GPU machine."""
+    import torch
+
+    torch.set_num_threads(threads)
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)  # read when Inductor is imported
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:  # (already imported: a long-lived Ray worker)
+        config.compile_threads = threads
+
+
 def _serve(conn, threads: int, run: Callable[[dict], dict]) -> None:
     # (workers are born ignoring Ctrl-C, see start_process, except those of a pool started
     # outside the main thread, where a process cannot change its signal handlers)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import torch
-
-    torch.set_num_threads(threads)
+    use_threads(threads)
     with contextlib.suppress(EOFError, BrokenPipeError):  # the parent is gone: nothing to serve
         conn.send(_READY)
         while True:

@@ -110,3 +110,11 @@ def neighbours():
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def inductor_compile_threads(job: dict) -> dict:
+    """(A korch.worker_pool job.) The threads this process runs kernels and Inductor compiles with."""
+    import torch
+    from torch._inductor.async_compile import get_compile_threads
+
+    return {"status": "ok", "compile": get_compile_threads(), "kernels": torch.get_num_threads()}

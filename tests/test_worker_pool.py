@@ -31,3 +31,18 @@ def test_a_job_that_overruns_fails_and_the_next_runs_on_a_new_worker():
     results, _ = run([{"n": 1, "nap": 30.0}, {"n": 2}], timeout=2.5)
     assert results[0] == {"status": "failed", "reason": "timed out after 2s"}
     assert results[1] == {"status": "ok", "n": 2}
+
+
+def test_a_worker_compiles_with_its_share_of_the_cores():
+    """Inductor compiles in a pool of min(32, cores) processes of its own, in every process: in
+    each of 16 profiling workers on the 16-core GPU machine, 256 in all. A worker given one thread
+    compiles in itself."""
+    import helpers
+
+    pool = WorkerPool(2, 1, helpers.inductor_compile_threads)
+    results = []
+    try:
+        pool.run([{}, {}], 60, lambda job, result: results.append(result))
+    finally:
+        pool.close()
+    assert results == [{"status": "ok", "compile": 1, "kernels": 1}] * 2
