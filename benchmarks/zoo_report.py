@@ -1,6 +1,9 @@
 """Markdown tables, target checks and the bar chart from the results zoo_bench.py collected.
 
-python benchmarks/zoo_report.py OUT/results.json [--markdown FILE] [--chart PNG]
+python benchmarks/zoo_report.py OUT/results.json [MORE/results.json ...] [--markdown FILE] [--chart PNG]
+
+Several results files (the GPU run's two calls, say) are reported as one: their models merged,
+the machine of the first.
 """
 
 from __future__ import annotations
@@ -184,8 +187,22 @@ def render_chart(doc: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def render(results: Path, markdown: str | None, chart: str | None) -> None:
-    doc = json.loads(Path(results).read_text())
+def merged(paths) -> dict:
+    """One results document from several: later files' entries replace earlier ones' per model."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    doc = {"machine": docs[0]["machine"], "runs": {}, "unfinished": {}}
+    for d in docs:
+        for part in ("runs", "unfinished"):
+            for key, entry in d.get(part, {}).items():
+                doc["runs"].pop(key, None)
+                doc["unfinished"].pop(key, None)
+                doc[part][key] = entry
+    return doc
+
+
+def render(results, markdown: str | None, chart: str | None) -> None:
+    """`results`: a results.json path, or a list of them."""
+    doc = merged(results if isinstance(results, list) else [results])
     if markdown:
         Path(markdown).write_text(render_markdown(doc))
     if chart:
@@ -194,8 +211,8 @@ def render(results: Path, markdown: str | None, chart: str | None) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results")
+    parser.add_argument("results", nargs="+")
     parser.add_argument("--markdown")
     parser.add_argument("--chart")
     args = parser.parse_args()
-    render(Path(args.results), args.markdown, args.chart)
+    render(args.results, args.markdown, args.chart)
