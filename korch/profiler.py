@@ -538,18 +538,18 @@ def profile(
         computes.setdefault(c.key, set()).update(c.nodes)
     # seeds (the source model too) and singles: kernels that make a plan with no fusion beside them
     complete = {k for k, c in representative.items() if c.seed or len(c.nodes) == 1}
-    runs_whole = any(
-        k.startswith(SOURCE_MODEL_PREFIX) and (k in sources or any(p.status == "ok" for p in by.values()))
-        for k, by in result.profiles.items()
-    )
+
+    def ran(key: str) -> bool:  # some backend's kernel for this key is profiled and correct
+        return result.cost(key)[0] < float("inf")
+
+    runs_whole = any(k.startswith(SOURCE_MODEL_PREFIX) and (k in sources or ran(k)) for k in result.profiles)
     partition_seeds = frozenset(k for k, c in representative.items() if c.seed and c.partition != WHOLE_GRAPH)
     queue = sorted(jobs, key=lambda job: _priority(job, frozenset() if runs_whole else partition_seeds))
     first, late = 0, False
     try:
         while first < len(queue):
             if not late and first and deadline is not None and time.time() > deadline:
-                ok = [k for k, by in result.profiles.items() if any(p.status == "ok" for p in by.values())]
-                covered = set().union(*(computes[k] for k in ok if k in complete))
+                covered = set().union(*(computes[k] for k in complete if ran(k)))
                 rest = _coverage(queue[first:], covered, computes)
                 result.skipped += len(queue) - first - len(rest)
                 progress.skip(len(queue) - first - len(rest))

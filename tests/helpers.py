@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,6 +111,13 @@ def neighbours():
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def spin(seconds: float) -> None:
+    """Keep this thread busy (not asleep) for `seconds`."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def inductor_compile_threads(job: dict) -> dict:

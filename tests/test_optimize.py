@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from helpers import neighbours, onnx_model
+from helpers import neighbours, onnx_model, spin
 from onnx import helper
 
 import korch
@@ -376,9 +376,7 @@ def test_in_place_runs_after_a_pause_are_timed_once_the_plan_has_woken(model_pat
             state["calls"] = 0
         state["calls"] += 1
         if state["calls"] <= 2:
-            end = time.perf_counter() + 0.02
-            while time.perf_counter() < end:
-                pass
+            spin(0.02)
         out = fn(*args)
         state["last"] = time.perf_counter()
         return out

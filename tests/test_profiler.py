@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from faulty_backends import HangBackend, RaiseBackend, SegfaultBackend, WrongBackend
-from helpers import Const, neighbours, one_node_model, onnx_model, rand
+from helpers import Const, neighbours, one_node_model, onnx_model, rand, spin
 from onnx import TensorProto, helper, numpy_helper
 
 import korch
@@ -48,17 +48,11 @@ def test_time_fn_spreads_its_samples_over_time():
     assert 0 < lo <= median <= hi and n >= 5
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="korch.busy reads Linux's /proc/stat")
 def test_busy_window_sees_other_processes_and_not_this_one():
     """The oracle: neighbours known to spin on every core for the whole window."""
     with neighbours(), busy.Window() as w:
-        _spin(0.3)
+        spin(0.3)
     assert w.others_cores >= 0.5 and w.disturbed
     # a core of this process's own work is not counted as another's: beside the same background
     # (whatever the test machine runs), spinning does not add a core to what a sleep sees
@@ -66,7 +60,7 @@ def test_busy_window_sees_other_processes_and_not_this_one():
         with busy.Window() as idle:
             time.sleep(0.3)
         with busy.Window() as own:
-            _spin(0.3)
+            spin(0.3)
         if own.others_cores < idle.others_cores + 0.5:
             break
     assert own.others_cores < idle.others_cores + 0.5
