@@ -60,7 +60,7 @@ def input_bounds(graph: Graph) -> dict[str, list[int]]:
     """[low, high) of every random integer input: inside the dimension a gather indexes with it;
     never zero where it reaches an integer divisor; small indices where it may index otherwise."""
     limits = index_limits(graph)
-    divisors = _reaching(graph, [n.inputs[1] for n in graph.nodes if _integer_division(graph, n)])
+    divisors = _reaching(graph, [n.inputs[1] for n in graph.nodes if integer_division(graph.types, n)])
     indices = _reaching(graph, [n.inputs[1] for n in graph.nodes if n.prim is Prim.GATHER])
     opaque = {v for n in graph.nodes if n.prim is Prim.OPAQUE for v in n.inputs}
     bounds = {}
@@ -76,8 +76,9 @@ def input_bounds(graph: Graph) -> dict[str, list[int]]:
     return bounds
 
 
-def _integer_division(graph: Graph, node) -> bool:
-    return node.prim is Prim.DIV and graph.types[node.inputs[1]].dtype.startswith(("int", "uint"))
+def integer_division(types: Mapping, node) -> bool:
+    """The node divides integers (by zero it fails, in ONNX Runtime and in torch alike)."""
+    return node.prim is Prim.DIV and types[node.inputs[1]].dtype.startswith(("int", "uint"))
 
 
 def _reaching(graph: Graph, values) -> set[str]:

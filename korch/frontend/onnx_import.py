@@ -14,6 +14,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
+from korch.check import integer_division
 from korch.errors import KorchError, ShapeError, Unsupported, error_line
 from korch.frontend.lowering import Lowering, OnnxNode, find_rule
 from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
@@ -274,13 +275,8 @@ def _check_type(where, name, got: TensorType, expected: Mapping[str, TensorType]
 def _check_divisors(b: GraphBuilder, nodes) -> None:
     """An integer division by a constant 0 fails in ONNX Runtime and in torch alike: say so here,
     not as an error from inside profiling."""
-    divisions = [
-        n
-        for n in nodes
-        if n.prim is Prim.DIV
-        and b.types[n.inputs[1]].dtype.startswith(("int", "uint"))
-        and b.types[n.outputs[0]].numel  # dividing nothing (a zero-size tensor) cannot fail
-    ]
+    # (dividing nothing, a zero-size tensor, cannot fail)
+    divisions = [n for n in nodes if integer_division(b.types, n) and b.types[n.outputs[0]].numel]
     producers = {v: n for n in nodes for v in n.outputs} if divisions else {}
     for node in divisions:
         divisor = node.inputs[1]
