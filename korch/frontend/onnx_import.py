@@ -210,6 +210,15 @@ def import_onnx(
     strict: bool = False,
 ) -> FissionResult:
     """Load an ONNX model and lower every node through the fission registry."""
+    try:
+        return _import_onnx(source, shapes, strict)
+    except UnicodeDecodeError as e:
+        # protobuf decodes a string field (a graph, node or value name) only when it is read:
+        # damaged bytes there load fine and fail anywhere later
+        raise KorchError(f"not a valid ONNX model: a name is not UTF-8 text ({error_line(e)})") from None
+
+
+def _import_onnx(source, shapes: Mapping[str, tuple[int, ...]] | None, strict: bool) -> FissionResult:
     model = load_model(source)
     opsets = {o.domain: o.version for o in model.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx"))
