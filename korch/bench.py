@@ -138,7 +138,8 @@ def bench(
     for fn in systems.values():
         for _ in range(warmup):
             fn()
-    samples = interleave(systems, rounds, block_s, plan.device, round_pause_s=round_pause_s)
+    by_round = interleave(systems, rounds, block_s, plan.device, round_pause_s=round_pause_s)
+    samples = {name: [ms for r in rs for ms in r] for name, rs in by_round.items()}
     results = {
         name: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s)}
         for name, s in samples.items()

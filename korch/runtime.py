@@ -250,9 +250,9 @@ def _check_indices(name: str, tensor: torch.Tensor, limit: int | None) -> None:
 def interleave(
     systems: dict[str, Callable], rounds: int, block_s: float, device: str, pause_s=0.02, round_pause_s=0.0
 ):
-    """Milliseconds of each call of each system (name -> list), timed side by side: `rounds` rounds,
-    in each a block of at least block_s seconds (and 3 timed calls) per system."""
-    samples: dict[str, list[float]] = {name: [] for name in systems}
+    """Milliseconds of each call of each system, timed side by side (name -> one list per round):
+    `rounds` rounds, in each a block of at least block_s seconds (and 3 timed calls) per system."""
+    samples: dict[str, list[list[float]]] = {name: [[] for _ in range(rounds)] for name in systems}
     order = list(systems.items())
     for r in range(rounds):
         if r:
@@ -272,6 +272,6 @@ def interleave(
                 fn()
                 synchronize(device)
                 if calls >= WAKE_CALLS:
-                    samples[name].append((time.perf_counter() - start) * 1e3)
+                    samples[name][r].append((time.perf_counter() - start) * 1e3)
                 calls += 1
     return samples

@@ -513,6 +513,56 @@ def test_plans_measured_close_run_again_side_by_side_and_the_faster_wins(model_p
     assert _runoff((slow, "slow"), contenders, 0.1) == ((slow, "slow"), None)
 
 
+@pytest.mark.parametrize("rounds", [1, 5, 8, 12])
+def test_a_plan_is_consistently_faster_by_a_sign_test_over_the_rounds(rounds):
+    """The runoff's rule (korch.pipeline.consistently_faster) against scipy's binomial test: a
+    round counts for the challenger when its median call there was the faster one."""
+    from scipy.stats import binomtest
+
+    from korch.pipeline import RUNOFF_SIGNIFICANCE, consistently_faster, rounds_faster
+
+    for wins in range(rounds + 1):
+        challenger = [[1.0, 2.0, 3.0]] * rounds  # median 2
+        incumbent = [[2.5]] * wins + [[2.0]] * (rounds - wins)  # a tie is not a win
+        assert rounds_faster(challenger, incumbent) == (wins, rounds)
+        oracle = binomtest(wins, rounds, 0.5, alternative="greater").pvalue <= RUNOFF_SIGNIFICANCE
+        assert consistently_faster(challenger, incumbent) == oracle, wins
+    assert not consistently_faster([], [])
+
+
+@pytest.mark.parametrize("wins", [5, 8])
+def test_the_runoff_keeps_the_source_model_unless_another_plan_is_consistently_faster(
+    wins, model_path, tmp_path, monkeypatch
+):
+    """Two copies of one ONNX Runtime session differ by 2-4% side by side on a shared machine, so
+    the lower median alone would replace the source model (what ONNX Runtime runs anyway) by a
+    plan no faster. Here the other plan has the lower median overall but is faster in `wins` of 8
+    rounds: 5 is chance, and the source model stays; 8 is not."""
+    import korch.pipeline as pipeline
+    from korch.candidates import make_candidate
+    from korch.pipeline import RUNOFF_ROUNDS, _runoff, original_model_seed
+    from korch.plan import build_plan
+    from korch.solver import Choice, Solution
+
+    first = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
+    graph = first.graph
+    cand, spec = original_model_seed(graph, first.model)
+    source = build_plan(graph, Solution([Choice(cand, "onnxruntime", 1.0)]), "cpu", {}, {cand.key: spec})
+    whole = make_candidate(graph, range(len(graph.nodes)))  # the primitive graph in one session
+    other = build_plan(graph, Solution([Choice(whole, "onnxruntime", 1.0)]), "cpu", {})
+    source.model = other.model = first.model
+    assert pipeline._is_source_model(source) and not pipeline._is_source_model(other)
+    for plan in (source, other):
+        plan.meta["measured"] = {"min_ms": 1.0}
+    # the other plan: 0.5 ms in its winning rounds, 1.01 in the rest; the source model 1.0 throughout
+    timed = {0: [[0.5]] * wins + [[1.01]] * (RUNOFF_ROUNDS - wins), 1: [[1.0]] * RUNOFF_ROUNDS}
+    monkeypatch.setattr(pipeline, "interleave", lambda calls, *a, **k: {i: timed[i] for i in calls})
+    (winner, _), report = _runoff((source, "source"), [(other, "other"), (source, "source")], 0.0)
+    assert report["medians_ms"][0] < report["medians_ms"][1]
+    assert report["rounds_faster_than_source_model"] == (wins, RUNOFF_ROUNDS)
+    assert winner is (other if wins == 8 else source)
+
+
 def test_in_place_calibration_takes_no_per_kernel_cost_from_one_kernel_and_none_below_zero():
     """What running inside a plan adds to each kernel (korch.pipeline.extra_per_kernel): one
     whole-graph kernel 0.26 ms faster in place once priced every other ONNX Runtime kernel 0.26 ms
