@@ -16,6 +16,28 @@ from korch.prims import Prim, TensorType
 _REQUIRED = object()
 
 
+class Attributes(dict):
+    """A node's attributes, remembering which ones its rule looked up (`read`): an attribute the
+    rule never looked at was not lowered (a newer opset's `mode`, say), and korch.frontend.onnx_import
+    does not let it pass silently."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+
 @dataclass
 class OnnxNode:
     """One ONNX node as a fission rule sees it: inputs are already korch value names."""
@@ -25,7 +47,11 @@ class OnnxNode:
     opset: int
     inputs: list[str | None]
     n_outputs: int
-    attrs: dict[str, Any] = field(default_factory=dict)
+    attrs: Attributes = field(default_factory=Attributes)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attrs, Attributes):
+            self.attrs = Attributes(self.attrs)
 
     def attr(self, key: str, default: Any = _REQUIRED) -> Any:
         if key in self.attrs:

@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from korch.check import integer_division
 from korch.errors import KorchError, ShapeError, Unsupported, error_line
-from korch.frontend.lowering import Lowering, OnnxNode, find_rule
+from korch.frontend.lowering import Attributes, Lowering, OnnxNode, find_rule
 from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
 from korch.ir import Graph, GraphBuilder, verify
 from korch.prims import Prim, TensorType
@@ -326,6 +326,9 @@ def _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model) 
             outs = rule(ctx, onnx_node)
             if len(outs) < len(node.output):
                 raise KorchError(f"lowering produced {len(outs)} of {len(node.output)} outputs")
+            ignored = _ignored_attributes(node, onnx_node.attrs, version)
+            if ignored:
+                raise Unsupported(f"attribute {ignored} is not lowered by its fission rule")
             return outs
         except Unsupported as e:
             reason = str(e)
@@ -335,6 +338,31 @@ def _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model) 
         raise Unsupported(f"{reason} (--strict forbids opaque operators)")
     opaque.append((node.op_type, reason))
     return _opaque(ctx, node, inputs, expected, model)
+
+
+# attributes that do not change what an inference computes: a rule has no reason to read them
+_INFERENCE_IRRELEVANT = {
+    ("BatchNormalization", "momentum"),  # the running statistics' update, in training
+    ("Dropout", "seed"),  # (inference: the identity)
+    ("Dropout", "ratio"),
+}
+
+
+def _ignored_attributes(node, attrs: Attributes, version: int) -> str | None:
+    """The first attribute (`name=value`) that the node sets to other than its default and that its
+    rule never looked up: lowered without it, the node would compute something else."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, version, node.domain)
+    except onnx.defs.SchemaError:
+        schema = None
+    for name, value in attrs.items():
+        if name in attrs.read or (node.op_type, name) in _INFERENCE_IRRELEVANT:
+            continue
+        default = schema.attributes.get(name) if schema is not None else None
+        if default is not None and default.default_value.name and _attr_value(default.default_value) == value:
+            continue
+        return f"{name}={value!r}"
+    return None
 
 
 def _attr_value(attr: onnx.AttributeProto):
@@ -369,7 +397,8 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
     except Exception as e:
         raise KorchError(f"ONNX Runtime cannot run this operator either: {error_line(e)}") from None
     constant = bool(present) and all(ctx.const_value(v) is not None for _, v in present)
-    out_types = [expected.get(o) for o in node.output]
+    wanted = [o for o in node.output if o]  # an optional output left out has no name, and no value
+    out_types = [expected.get(o) for o in wanted]
     if constant or None in out_types:
         # run it once: constant inputs fold here; otherwise the run tells the output types
         feeds = [
@@ -380,9 +409,9 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
         except Exception as e:
             raise KorchError(f"cannot determine the output types: {error_line(e)}") from None
         if constant:
-            return [ctx.const(r) for r in results]
+            return _by_output(node, [ctx.const(r) for r in results])
         out_types = [t or TensorType.of(np.asarray(r)) for t, r in zip(out_types, results)]
-    return ctx.emit_multi(
+    values = ctx.emit_multi(
         Prim.OPAQUE,
         [v for _, v in present],
         len(out_types),
@@ -391,6 +420,13 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
         in_types=[(ctx.shape(v), ctx.dtype(v)) for _, v in present],
         out_types=[(t.shape, t.dtype) for t in out_types],
     )
+    return _by_output(node, values)
+
+
+def _by_output(node, values: list[str]) -> list[str | None]:
+    """The values of a node's named outputs, in the places of node.output (None where unnamed)."""
+    it = iter(values)
+    return [next(it) if o else None for o in node.output]
 
 
 def _ones(t: TensorType) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.frontend.onnx_types import onnx_dtype
 from korch.prims import FLOAT_DTYPES, Prim
@@ -293,17 +294,27 @@ def clip(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 @fission("Mod", 10)
 def mod(ctx: Lowering, n: OnnxNode) -> list[str]:
-    """C's fmod as a - b * trunc(a / b); with fmod=0 (integers) the result takes the divisor's sign."""
+    """fmod=1: C's fmod, a - b * trunc(a / b) (a finite dividend over an infinite divisor is its own
+    remainder); fmod=0: the remainder takes the divisor's sign, as Python's % (integers, and
+    floats from opset 28 on; before it ONNX requires fmod=1 for them)."""
     a, b = n.inputs[0], n.inputs[1]
-    dtype = ctx.dtype(a)
-    if dtype in FLOAT_DTYPES:
+    floats = ctx.dtype(a) in FLOAT_DTYPES
+    python = not n.attr("fmod", 0)
+    if floats and python and n.opset < 28:
+        raise KorchError(f"Mod on {ctx.dtype(a)} needs fmod=1 before opset 28")
+    if floats:
         q = ctx.elementwise(Prim.DIV, a, b)
         negative = ctx.elementwise(Prim.LT, q, _s(ctx, q, 0))
         trunc = ctx.elementwise(Prim.WHERE, negative, ctx.unary(Prim.CEIL, q), ctx.unary(Prim.FLOOR, q))
     else:
         trunc = ctx.elementwise(Prim.DIV, a, b)  # integer division truncates toward zero
     rem = ctx.elementwise(Prim.SUB, a, ctx.elementwise(Prim.MUL, b, trunc))
-    if n.attr("fmod", 0) or dtype in FLOAT_DTYPES:
+    if floats:  # (inf * trunc(a / inf) is nan)
+        inf = _s(ctx, a, math.inf)
+        finite_a = ctx.elementwise(Prim.LT, ctx.unary(Prim.ABS, a), inf)
+        infinite_b = ctx.elementwise(Prim.EQ, ctx.unary(Prim.ABS, b), inf)
+        rem = ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.AND, finite_a, infinite_b), a, rem)
+    if not python:
         return [rem]
     zero = _s(ctx, rem, 0)
     nonzero = ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, rem, zero))
@@ -311,7 +322,11 @@ def mod(ctx: Lowering, n: OnnxNode) -> list[str]:
         Prim.XOR, ctx.elementwise(Prim.LT, rem, zero), ctx.elementwise(Prim.LT, b, zero)
     )
     fix = ctx.elementwise(Prim.AND, nonzero, signs_differ)
-    return [ctx.elementwise(Prim.WHERE, fix, ctx.elementwise(Prim.ADD, rem, b), rem)]
+    rem = ctx.elementwise(Prim.WHERE, fix, ctx.elementwise(Prim.ADD, rem, b), rem)
+    if floats:  # a zero remainder is a zero of the divisor's sign
+        signed_zero = ctx.elementwise(Prim.MUL, ctx.unary(Prim.SIGN, b), zero)
+        rem = ctx.elementwise(Prim.WHERE, nonzero, rem, signed_zero)
+    return [rem]
 
 
 # ------------------------------------------------- predicates, shrink, bit shifts

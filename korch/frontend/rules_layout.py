@@ -178,7 +178,9 @@ def space_to_depth(ctx: Lowering, n: OnnxNode) -> list[str]:
     b, c, h, w = ctx.shape(x)
     s = n.attr("blocksize")
     split = [b, c, h // s, s, w // s, s]
-    return [_depth_space(ctx, x, split, [0, 3, 5, 1, 2, 4], [b, c * s * s, h // s, w // s])]
+    # DCR (the only mode before opset 28): blocks outermost in the depth; CRD: channels outermost
+    perm = [0, 3, 5, 1, 2, 4] if n.attr("mode", "DCR") == "DCR" else [0, 1, 3, 5, 2, 4]
+    return [_depth_space(ctx, x, split, perm, [b, c * s * s, h // s, w // s])]
 
 
 # ------------------------------------------------------------ slicing, joining

@@ -84,10 +84,19 @@ def add_bias(ctx: Lowering, y: str, bias: str | None) -> str:
     return ctx.elementwise(Prim.ADD, y, ctx.reshape(bias, (ctx.shape(bias)[0],) + (1,) * (rank - 2)))
 
 
+def weight_kernel(ctx: Lowering, n: OnnxNode, w: str) -> list[int]:
+    """The kernel's spatial shape, from the weight; a kernel_shape attribute must agree with it."""
+    kernel = list(ctx.shape(w)[2:])
+    given = n.attr("kernel_shape", None)
+    if given is not None and list(given) != kernel:
+        raise KorchError(f"kernel_shape {list(given)} disagrees with the weight's {kernel}")
+    return kernel
+
+
 @fission("Conv", 1)
 def conv(ctx: Lowering, n: OnnxNode) -> list[str]:
     x, w, bias = n.inputs[0], n.inputs[1], n.input(2)
-    kernel = ctx.shape(w)[2:]
+    kernel = weight_kernel(ctx, n, w)
     strides, pads, dilations = spatial_attrs(n, ctx.shape(x)[2:], kernel)
     y = ctx.emit(Prim.CONV, x, w, strides=strides, pads=pads, dilations=dilations, group=n.attr("group", 1))
     return [add_bias(ctx, y, bias)]
@@ -96,7 +105,7 @@ def conv(ctx: Lowering, n: OnnxNode) -> list[str]:
 @fission("ConvTranspose", 1)
 def conv_transpose(ctx: Lowering, n: OnnxNode) -> list[str]:
     x, w, bias = n.inputs[0], n.inputs[1], n.input(2)
-    sizes, kernel = ctx.shape(x)[2:], ctx.shape(w)[2:]
+    sizes, kernel = ctx.shape(x)[2:], weight_kernel(ctx, n, w)
     nd = len(kernel)
     strides = list(n.attr("strides", [1] * nd))
     dilations = list(n.attr("dilations", [1] * nd))

@@ -267,6 +267,7 @@ def rms_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
     multiply and honours stash_type=0; for float16 either differs from ONNX Runtime by a rounding)."""
     x, scale = n.inputs[0], n.inputs[1]
     rank = ctx.rank(x)
+    n.attr("stash_type", 1)  # looked at, and set aside (see above)
     stash = "float64" if ctx.dtype(x) == "float64" else "float32"
     axis = normalize_axes([n.attr("axis", -1)], rank)[0]
     xs = ctx.cast(x, stash)

@@ -1,0 +1,131 @@
+"""ONNX's own operator test cases (the node tests the onnx package ships, with their expected
+outputs) through korch's import and the primitive graph's numpy reference: an oracle independent
+of korch and of ONNX Runtime. A case korch cannot lower must fail with a one-line KorchError; one it
+lowers must compute the expected outputs."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from korch import reference
+from korch.errors import KorchError
+from korch.frontend.onnx_import import import_onnx
+
+
+@functools.cache
+def _cases() -> list[tuple[str, object, list[np.ndarray], list[np.ndarray]]]:
+    """(name, model, inputs, expected outputs) of every case whose inputs and outputs are tensors."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (some cases compute their expected values with overflows)
+        cases = collect_testcases()
+    out = []
+    for case in cases:
+        ins, want = case.data_sets[0]
+        if all(isinstance(x, np.ndarray) for x in (*ins, *want)):
+            out.append((case.name, case.model, list(ins), list(want)))
+    return out
+
+
+def _disagreement(got: list[np.ndarray], want: list[np.ndarray]) -> str | None:
+    for i, (g, w) in enumerate(zip(got, want)):
+        g = np.asarray(g)
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"output {i}: {g.dtype}{list(g.shape)}, expected {w.dtype}{list(w.shape)}"
+        if w.dtype.kind in "fc":
+            if not np.allclose(g, w, rtol=1e-3, atol=1e-4, equal_nan=True):
+                return f"output {i}: max abs diff {np.nanmax(np.abs(g.astype(np.float64) - w)):.3g}"
+        elif not np.array_equal(g, w):
+            return f"output {i}: differs in {np.mean(g != w):.1%} of its elements"
+    return None
+
+
+def _korch(model, ins: list[np.ndarray], strict: bool) -> list[np.ndarray]:
+    names = [i.name for i in model.graph.input]
+    fission = import_onnx(model, shapes={n: x.shape for n, x in zip(names, ins)}, strict=strict)
+    got = reference.run(fission.graph, {n: x for n, x in zip(names, ins) if n in fission.graph.inputs})
+    return [got[o.name] for o in model.graph.output]
+
+
+def test_every_onnx_node_case_korch_lowers_computes_the_expected_outputs():
+    """Strict import (no opaque operators): Mod with fmod=0 on floats (opset 28) and SpaceToDepth's
+    CRD mode (opset 28) once lowered to the older operators' results; an attribute a rule does not
+    read is now an error, not a silent difference."""
+    wrong, crashed, lowered = [], [], 0
+    for name, model, ins, want in _cases():
+        try:
+            got = _korch(model, ins, strict=True)
+        except KorchError:
+            continue
+        except Exception as e:  # any other exception is the failure reported
+            crashed.append(f"{name}: {type(e).__name__}: {str(e)[:100]}")
+            continue
+        lowered += 1
+        why = _disagreement(got, want)
+        if why:
+            wrong.append(f"{name}: {why}")
+    assert not crashed, crashed
+    assert not wrong, wrong
+    assert lowered >= 700, lowered  # (751 with onnx 1.23: the rules cover most of the operator set)
+
+
+def test_every_onnx_node_case_korch_imports_with_opaque_operators_computes_what_onnxruntime_does():
+    """Without --strict an operator with no rule runs whole in ONNX Runtime, so the oracle is the
+    expected outputs where ONNX Runtime computes them (it differs on a few: DFT's precision, cubic
+    resizes with align_corners). An LSTM, GRU or RNN leaving its first output out once lost its
+    second ('graph outputs [Y_h] are never computed')."""
+    wrong, crashed, imported = [], [], 0
+    for name, model, ins, want in _cases():
+        try:
+            got = _korch(model, ins, strict=False)
+        except KorchError:
+            continue
+        except Exception as e:
+            crashed.append((name, model, ins, f"{type(e).__name__}: {str(e)[:100]}"))
+            continue
+        imported += 1
+        if _disagreement(got, want) and _disagreement(_onnxruntime(model, ins), want) is None:
+            wrong.append(f"{name}: {_disagreement(got, want)}")
+    # an opaque operator that ONNX Runtime cannot run on these inputs fails in ONNX Runtime
+    crashed = [f"{name}: {why}" for name, model, ins, why in crashed if _onnxruntime(model, ins) is not None]
+    assert not crashed, crashed
+    assert not wrong, wrong
+    assert imported >= 1100, imported  # (1186 with onnx 1.23 and onnxruntime 1.2x)
+
+
+def _onnxruntime(model, ins: list[np.ndarray]) -> list[np.ndarray] | None:
+    """ONNX Runtime's outputs for the case, or None when it cannot run it."""
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(None, {i.name: x for i, x in zip(model.graph.input, ins)})
+    except Exception:  # any failure: ONNX Runtime does not run it
+        return None
+
+
+@pytest.mark.parametrize("opset", [13, 28])
+def test_mod_on_floats_takes_the_divisors_sign_only_where_onnx_allows_it(opset):
+    """fmod=0 on floats is Python's % from opset 28 (numpy's np.mod is the oracle, signed zeros
+    and infinite divisors too); before it ONNX requires fmod=1 and korch says so."""
+    from onnx import TensorProto, helper
+
+    a = np.array([-4.3, 7.2, 5.0, 4.3, -7.2, 8.0, 0.0, -0.0, -3.0, 3.0, -1.0, 1.0], np.float32)
+    b = np.array([2.1, -3.4, 8.0, -2.1, 3.4, 5.0, -2.0, 2.0, np.inf, np.inf, -np.inf, -np.inf], np.float32)
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [len(a)]) for n in "abz"]
+    node = helper.make_node("Mod", ["a", "b"], ["z"], fmod=0)
+    model = helper.make_model(
+        helper.make_graph([node], "mod", info[:2], info[2:]), opset_imports=[helper.make_opsetid("", opset)]
+    )
+    if opset < 28:
+        with pytest.raises(KorchError, match="needs fmod=1 before opset 28"):
+            _korch(model, [a, b], strict=True)
+        return
+    (got,) = _korch(model, [a, b], strict=True)
+    want = np.mod(a, b)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
