@@ -1,6 +1,7 @@
 """Front ends: turn an ONNX model into a primitive graph (the rule modules register themselves)."""
 
 from korch.frontend import (  # noqa: F401  (imported for their registrations)
+    rules_attention,
     rules_elementwise,
     rules_layout,
     rules_linear,
