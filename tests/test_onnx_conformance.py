@@ -28,8 +28,8 @@ def _cases() -> list[tuple[str, object, list[np.ndarray], list[np.ndarray]]]:
     out = []
     for case in cases:
         ins, want = case.data_sets[0]
-        if all(isinstance(x, np.ndarray) for x in (*ins, *want)):
-            out.append((case.name, case.model, list(ins), list(want)))
+        if all(isinstance(x, np.ndarray | np.generic) for x in (*ins, *want)):  # (scalars too)
+            out.append((case.name, case.model, [np.asarray(x) for x in ins], [np.asarray(x) for x in want]))
     return out
 
 
@@ -72,7 +72,7 @@ def test_every_onnx_node_case_korch_lowers_computes_the_expected_outputs():
             wrong.append(f"{name}: {why}")
     assert not crashed, crashed
     assert not wrong, wrong
-    assert lowered >= 700, lowered  # (751 with onnx 1.23: the rules cover most of the operator set)
+    assert lowered >= 800, lowered  # (844 with onnx 1.23: the rules cover most of the operator set)
 
 
 def test_every_onnx_node_case_korch_imports_with_opaque_operators_computes_what_onnxruntime_does():
@@ -96,7 +96,7 @@ def test_every_onnx_node_case_korch_imports_with_opaque_operators_computes_what_
     crashed = [f"{name}: {why}" for name, model, ins, why in crashed if _onnxruntime(model, ins) is not None]
     assert not crashed, crashed
     assert not wrong, wrong
-    assert imported >= 1100, imported  # (1186 with onnx 1.23 and onnxruntime 1.2x)
+    assert imported >= 1150, imported  # (1233 with onnx 1.23 and onnxruntime 1.32)
 
 
 def _onnxruntime(model, ins: list[np.ndarray]) -> list[np.ndarray] | None:

@@ -38,6 +38,26 @@ class Attributes(dict):
         return super().__contains__(key)
 
 
+class Inputs(list):
+    """A node's inputs, remembering which positions its rule looked at (`read`): an input the
+    rule never looked at (an optional one a newer opset added, say) was not lowered."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read: set[int] = set()
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            self.read.update(range(len(self))[index])
+        else:
+            self.read.add(range(len(self))[index])
+        return super().__getitem__(index)
+
+    def __iter__(self):
+        self.read.update(range(len(self)))
+        return super().__iter__()
+
+
 @dataclass
 class OnnxNode:
     """One ONNX node as a fission rule sees it: inputs are already korch value names."""
@@ -52,6 +72,8 @@ class OnnxNode:
     def __post_init__(self) -> None:
         if not isinstance(self.attrs, Attributes):
             self.attrs = Attributes(self.attrs)
+        if not isinstance(self.inputs, Inputs):
+            self.inputs = Inputs(self.inputs)
 
     def attr(self, key: str, default: Any = _REQUIRED) -> Any:
         if key in self.attrs:

@@ -329,6 +329,11 @@ def _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model) 
             ignored = _ignored_attributes(node, onnx_node.attrs, version)
             if ignored:
                 raise Unsupported(f"attribute {ignored} is not lowered by its fission rule")
+            unread = [i for i, v in enumerate(inputs) if v is not None and i not in onnx_node.inputs.read]
+            if unread:
+                raise Unsupported(
+                    f"input {unread[0]} ({node.input[unread[0]]!r}) is not lowered by its fission rule"
+                )
             return outs
         except Unsupported as e:
             reason = str(e)

@@ -112,7 +112,11 @@ def identity(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 @fission("Dropout", 1)
 def dropout(ctx: Lowering, n: OnnxNode) -> list[str]:
-    training = ctx.const_value(n.input(2))
+    n.input(1)  # the ratio: looked at, and of no effect at inference
+    mode = n.input(2)
+    training = ctx.const_value(mode)
+    if mode is not None and training is None:
+        ctx.unsupported("Dropout whose training_mode is known only at run time")
     if training is not None and bool(training.reshape(-1)[0]):
         ctx.unsupported("Dropout in training mode is random")
     x = n.inputs[0]

@@ -180,6 +180,7 @@ def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
         scales_v, sizes_v, ctm, nearest = n.input(1), None, "asymmetric", "simple"
     else:
         scales_v, sizes_v = n.input(2), n.input(3)
+        n.input(1)  # roi: looked at, and used only by tf_crop_and_resize (refused below)
         ctm = n.attr("coordinate_transformation_mode", "half_pixel")
         nearest = n.attr("nearest_mode", "round_prefer_floor")
     if mode not in ("nearest", "linear"):
