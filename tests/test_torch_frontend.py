@@ -150,6 +150,15 @@ OPS = [
         (X,),
     ),
     ("adaptive_pool", lambda x: F.adaptive_avg_pool2d(x, 1) + F.adaptive_avg_pool2d(x, (3, 4)).mean(), (X,)),
+    (  # uneven windows: 6 -> 4 and 6 -> 5 overlap
+        "adaptive_max_pool",
+        lambda x: (
+            F.adaptive_max_pool2d(x, 1)
+            + F.adaptive_max_pool2d(x, (4, 5)).mean()
+            + F.adaptive_max_pool2d(x, 3)
+        ),
+        (X,),
+    ),
     ("upsample_nearest", lambda x: F.interpolate(x, scale_factor=2) + F.interpolate(x, size=(12, 12)), (X,)),
     (
         "upsample_bilinear",

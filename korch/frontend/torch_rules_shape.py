@@ -325,6 +325,24 @@ def adaptive_avg_pool2d(ctx: Lowering, n: AtenNode) -> str:
     return x
 
 
+@aten("aten.adaptive_max_pool2d.default")
+def adaptive_max_pool2d(ctx: Lowering, n: AtenNode) -> list[str | None]:
+    """Output j along an axis is the max of input [floor(j*in/out), ceil((j+1)*in/out)): a slice
+    and a max per output position, joined (no indices: a graph that reads them is refused)."""
+    x = n["self"]
+    rank = ctx.rank(x)
+    for axis, out in zip((rank - 2, rank - 1), n.out.shape[-2:]):
+        size = ctx.shape(x)[axis]
+        if out == size:
+            continue
+        parts = []
+        for j in range(out):
+            lo, hi = (j * size) // out, -((-(j + 1) * size) // out)
+            parts.append(ctx.reduce(Prim.REDUCE_MAX, ctx.slice_axis(x, axis, lo, hi - lo), [axis]))
+        x = ctx.concat(parts, axis)
+    return [x, None]
+
+
 # ------------------------------------------------------------------ resizing
 
 
