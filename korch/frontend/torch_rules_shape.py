@@ -303,44 +303,47 @@ def avg_pool2d(ctx: Lowering, n: AtenNode) -> str:
     return avg_pool_core(ctx, x, kernel, strides, pads, [1, 1], n["ceil_mode"], n["count_include_pad"])
 
 
-@aten("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
-def adaptive_avg_pool2d(ctx: Lowering, n: AtenNode) -> str:
-    """Even windows become a pool; uneven ones a matmul with an averaging matrix per axis."""
+def _adaptive_pool(ctx: Lowering, n: AtenNode, pool_axis) -> str:
+    """Each of the last two axes pooled from its size to the output's: pool_axis(x, axis, windows)
+    with torch's windows, output j covering input [floor(j * size / out), ceil((j + 1) * size /
+    out)), uneven and overlapping where out does not divide size."""
     x = n["self"]
     rank = ctx.rank(x)
     for axis, out in zip((rank - 2, rank - 1), n.out.shape[-2:]):
         size = ctx.shape(x)[axis]
-        if out == size:
-            continue
-        if out == 1:
-            x = ctx.mean(x, [axis])
-            continue
-        weights = np.zeros((size, out), ctx.dtype(x))
-        for j in range(out):
-            lo, hi = (j * size) // out, -((-(j + 1) * size) // out)
+        if out != size:
+            x = pool_axis(x, axis, [((j * size) // out, -((-(j + 1) * size) // out)) for j in range(out)])
+    return x
+
+
+@aten("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+def adaptive_avg_pool2d(ctx: Lowering, n: AtenNode) -> str:
+    """A mean over a whole axis; otherwise a matmul with an averaging matrix per axis."""
+
+    def pool_axis(x: str, axis: int, windows: list[tuple[int, int]]) -> str:
+        if len(windows) == 1:
+            return ctx.mean(x, [axis])
+        rank = ctx.rank(x)
+        weights = np.zeros((ctx.shape(x)[axis], len(windows)), ctx.dtype(x))
+        for j, (lo, hi) in enumerate(windows):
             weights[lo:hi, j] = 1.0 / (hi - lo)
         perm = [a for a in range(rank) if a != axis] + [axis]
         y = ctx.emit(Prim.MATMUL, ctx.transpose(x, perm), ctx.const(weights))
-        x = ctx.transpose(y, np.argsort(perm))
-    return x
+        return ctx.transpose(y, np.argsort(perm))
+
+    return _adaptive_pool(ctx, n, pool_axis)
 
 
 @aten("aten.adaptive_max_pool2d.default")
 def adaptive_max_pool2d(ctx: Lowering, n: AtenNode) -> list[str | None]:
-    """Output j along an axis is the max of input [floor(j*in/out), ceil((j+1)*in/out)): a slice
-    and a max per output position, joined (no indices: a graph that reads them is refused)."""
-    x = n["self"]
-    rank = ctx.rank(x)
-    for axis, out in zip((rank - 2, rank - 1), n.out.shape[-2:]):
-        size = ctx.shape(x)[axis]
-        if out == size:
-            continue
-        parts = []
-        for j in range(out):
-            lo, hi = (j * size) // out, -((-(j + 1) * size) // out)
-            parts.append(ctx.reduce(Prim.REDUCE_MAX, ctx.slice_axis(x, axis, lo, hi - lo), [axis]))
-        x = ctx.concat(parts, axis)
-    return [x, None]
+    """A slice and a max per output position, joined (no indices: a graph that reads them is
+    refused)."""
+
+    def pool_axis(x: str, axis: int, windows: list[tuple[int, int]]) -> str:
+        parts = [ctx.slice_axis(x, axis, lo, hi - lo) for lo, hi in windows]
+        return ctx.concat([ctx.reduce(Prim.REDUCE_MAX, p, [axis]) for p in parts], axis)
+
+    return [_adaptive_pool(ctx, n, pool_axis), None]
 
 
 # ------------------------------------------------------------------ resizing
