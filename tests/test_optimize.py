@@ -325,9 +325,12 @@ def test_refinement_measures_whole_graph_kernels_even_when_their_profile_was_dis
     runoff = plan.meta["runoff"]  # plans measured close to the fastest ran again side by side
     if runoff is None:
         assert plan.meta["measured"]["min_ms"] == min(h["min_ms"] for h in history)
-    else:
+    else:  # the lowest median, unless the source model was kept (not consistently slower)
         medians = runoff["medians_ms"]
-        assert plan.meta["measured"]["min_ms"] == runoff["min_ms"][medians.index(min(medians))]
+        fastest = runoff["min_ms"][medians.index(min(medians))]
+        source = plan.kernels[0].spec.key.startswith("model-")
+        kept_source = source and "rounds_faster_than_source_model" in runoff
+        assert plan.meta["measured"]["min_ms"] == fastest or kept_source
     assert plan.verify() <= 1e-4
 
 
