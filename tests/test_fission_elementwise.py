@@ -184,6 +184,13 @@ def test_dropout_is_identity_at_inference(opset):
         check_op("Dropout", [rand(3, 4), Const(np.array(0.3, "float32"))], opset=opset)
 
 
+def test_dropout_in_training_mode_with_a_zero_ratio_is_the_identity():
+    """(ONNX Runtime, the oracle, returns the input and an all-true mask; a nonzero ratio in
+    training mode is random and stays opaque.)"""
+    ratio, training = Const(np.array(0.0, "float32")), Const(np.array(True))
+    check_op("Dropout", [rand(3, 4), ratio, training], opset=13, n_outputs=2, out_dtypes=["float32", "bool"])
+
+
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.5, -2.0, 3e38, -3e38, 1e-30], dtype="float32")
 
 

@@ -185,6 +185,15 @@ def test_space_to_depth():
     check_op("SpaceToDepth", [rand(1, 2, 4, 6)], {"blocksize": 2}, opset=13)
 
 
+@pytest.mark.parametrize("op,opset", [("DepthToSpace", 13), ("SpaceToDepth", 28)])  # (its mode: opset 28)
+def test_a_depth_mode_other_than_dcr_or_crd_is_refused(op, opset):
+    from helpers import one_node_model
+
+    model, _ = one_node_model(op, [rand(1, 8, 4, 4)], {"blocksize": 2, "mode": "XYZ"}, opset=opset)
+    with pytest.raises(korch.KorchError, match="mode 'XYZ' is not DCR or CRD"):
+        korch.fission(model)
+
+
 def _shape_model(opset=15):
     """x -> Shape -> Gather/Slice/Concat/ConstantOfShape arithmetic -> Reshape and Expand."""
     nodes = [

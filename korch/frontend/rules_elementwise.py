@@ -112,12 +112,13 @@ def identity(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 @fission("Dropout", 1)
 def dropout(ctx: Lowering, n: OnnxNode) -> list[str]:
-    n.input(1)  # the ratio: looked at, and of no effect at inference
-    mode = n.input(2)
+    ratio, mode = ctx.const_value(n.input(1)), n.input(2)
+    # the identity at inference, and in training with a ratio of 0 (the mask is then all true)
+    never_drops = ratio is not None and float(ratio.reshape(-1)[0]) == 0.0
     training = ctx.const_value(mode)
-    if mode is not None and training is None:
+    if mode is not None and training is None and not never_drops:
         ctx.unsupported("Dropout whose training_mode is known only at run time")
-    if training is not None and bool(training.reshape(-1)[0]):
+    if training is not None and bool(training.reshape(-1)[0]) and not never_drops:
         ctx.unsupported("Dropout in training mode is random")
     x = n.inputs[0]
     outs = [x]

@@ -161,13 +161,20 @@ def _depth_space(ctx: Lowering, x: str, split: list[int], perm: list[int], out: 
     return ctx.reshape(ctx.transpose(ctx.reshape(x, split), perm), out)
 
 
+def _depth_mode(n: OnnxNode) -> str:
+    mode = n.attr("mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise KorchError(f"{n.op_type} mode {mode!r} is not DCR or CRD")
+    return mode
+
+
 @fission("DepthToSpace", 1)
 def depth_to_space(ctx: Lowering, n: OnnxNode) -> list[str]:
     x = n.inputs[0]
     b, c, h, w = ctx.shape(x)
     s = n.attr("blocksize")
     out = [b, c // (s * s), h * s, w * s]
-    if n.attr("mode", "DCR") == "DCR":
+    if _depth_mode(n) == "DCR":
         return [_depth_space(ctx, x, [b, s, s, c // (s * s), h, w], [0, 3, 4, 1, 5, 2], out)]
     return [_depth_space(ctx, x, [b, c // (s * s), s, s, h, w], [0, 1, 4, 2, 5, 3], out)]
 
@@ -179,7 +186,7 @@ def space_to_depth(ctx: Lowering, n: OnnxNode) -> list[str]:
     s = n.attr("blocksize")
     split = [b, c, h // s, s, w // s, s]
     # DCR (the only mode before opset 28): blocks outermost in the depth; CRD: channels outermost
-    perm = [0, 3, 5, 1, 2, 4] if n.attr("mode", "DCR") == "DCR" else [0, 1, 3, 5, 2, 4]
+    perm = [0, 3, 5, 1, 2, 4] if _depth_mode(n) == "DCR" else [0, 1, 3, 5, 2, 4]
     return [_depth_space(ctx, x, split, perm, [b, c * s * s, h // s, w // s])]
 
 
