@@ -345,28 +345,21 @@ def _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model) 
     return _opaque(ctx, node, inputs, expected, model)
 
 
-# attributes that do not change what an inference computes: a rule has no reason to read them
-_INFERENCE_IRRELEVANT = {
-    ("BatchNormalization", "momentum"),  # the running statistics' update, in training
-    ("Dropout", "seed"),  # (inference: the identity)
-    ("Dropout", "ratio"),
-}
-
-
 def _ignored_attributes(node, attrs: Attributes, version: int) -> str | None:
     """The first attribute (`name=value`) that the node sets to other than its default and that its
-    rule never looked up: lowered without it, the node would compute something else."""
+    rule never looked up: lowered without it, the node would compute something else. (A rule
+    that has no use for an attribute at inference looks it up and says so.)"""
+    unread = {name: value for name, value in attrs.items() if name not in attrs.read}
+    if not unread:
+        return None
     try:
-        schema = onnx.defs.get_schema(node.op_type, version, node.domain)
+        defaults = onnx.defs.get_schema(node.op_type, version, node.domain).attributes
     except onnx.defs.SchemaError:
-        schema = None
-    for name, value in attrs.items():
-        if name in attrs.read or (node.op_type, name) in _INFERENCE_IRRELEVANT:
-            continue
-        default = schema.attributes.get(name) if schema is not None else None
-        if default is not None and default.default_value.name and _attr_value(default.default_value) == value:
-            continue
-        return f"{name}={value!r}"
+        defaults = {}
+    for name, value in unread.items():
+        default = defaults.get(name)
+        if default is None or not default.default_value.name or _attr_value(default.default_value) != value:
+            return f"{name}={value!r}"
     return None
 
 

@@ -112,6 +112,8 @@ def identity(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 @fission("Dropout", 1)
 def dropout(ctx: Lowering, n: OnnxNode) -> list[str]:
+    for unused in ("ratio", "seed"):  # attributes looked at, and of no effect at inference
+        n.attr(unused, None)
     ratio, mode = ctx.const_value(n.input(1)), n.input(2)
     # the identity at inference, and in training with a ratio of 0 (the mask is then all true)
     never_drops = ratio is not None and float(ratio.reshape(-1)[0]) == 0.0

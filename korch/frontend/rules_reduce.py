@@ -311,6 +311,7 @@ def lrn(ctx: Lowering, n: OnnxNode) -> list[str]:
 def batch_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
     if n.attr("training_mode", 0) or n.n_outputs > 1:
         ctx.unsupported("training-mode BatchNormalization")
+    n.attr("momentum", None)  # looked at, and set aside: it updates the running statistics in training
     x, scale, bias, mean, var = n.inputs[:5]
     return [batch_norm_core(ctx, x, scale, bias, mean, var, n.attr("epsilon", 1e-5), n.attr("spatial", 1))]
 
