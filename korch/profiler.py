@@ -32,7 +32,7 @@ from korch.backends import (
     torch_ops,
 )
 from korch.backends.torch_ops import to_tensor
-from korch.candidates import WHOLE_GRAPH, CandidateSet
+from korch.candidates import CandidateSet
 from korch.errors import KorchError, first_line
 from korch.ir import Graph
 from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_graph_json, kernel_spec
@@ -417,9 +417,11 @@ def _priority(job: tuple[KernelSpec, Backend], lead: frozenset[str] = frozenset(
     whole-partition seed (a complete plan needs them), then larger fusions first. Inductor's
     single-primitive kernels (on CUDA a Triton compile each) come after the fusions of their size:
     a cheaper backend already gives every primitive a kernel. The keys in `lead` come before all
-    but the source model: the partitions' seeds where no source model runs whole (on CUDA, where
-    ONNX Runtime has no provider), together the first complete plan, compiled in parallel, where
-    the hundreds of single primitives timed one by one would take a short budget on their own."""
+    but the source model: the seeds where no source model runs whole (on CUDA, where ONNX Runtime
+    has no provider), compiled in parallel, the whole graph's first (the longest compile): the
+    partitions' seeds together make the first complete plan, and the whole graph in Inductor is
+    what torch.compile would run, where the hundreds of single primitives timed one by one would
+    take a short budget on their own."""
     spec, backend = job
     size = len(spec.graph.nodes)
     inductor = backend.name == "inductor"
@@ -543,8 +545,8 @@ def profile(
         return result.cost(key)[0] < float("inf")
 
     runs_whole = any(k.startswith(SOURCE_MODEL_PREFIX) and (k in sources or ran(k)) for k in result.profiles)
-    partition_seeds = frozenset(k for k, c in representative.items() if c.seed and c.partition != WHOLE_GRAPH)
-    queue = sorted(jobs, key=lambda job: _priority(job, frozenset() if runs_whole else partition_seeds))
+    seeds = frozenset(k for k, c in representative.items() if c.seed)
+    queue = sorted(jobs, key=lambda job: _priority(job, frozenset() if runs_whole else seeds))
     first, late = 0, False
     try:
         while first < len(queue):

@@ -56,6 +56,26 @@ CASES = {
         13,
     ),
     "avgpool": ("AveragePool", [rand(1, 2, 9, 9)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, 13),
+    # pools that torch's pools take only with explicit padding, or in 1 and 3 dimensions
+    "maxpool_spp": ("MaxPool", [rand(1, 4, 13, 13)], {"kernel_shape": [13, 13], "pads": [6, 6, 6, 6]}, 13),
+    "maxpool_uneven_dilated": (
+        "MaxPool",
+        [rand(1, 2, 11, 10)],
+        {"kernel_shape": [3, 2], "pads": [0, 1, 2, 0], "dilations": [2, 1], "strides": [1, 2]},
+        13,
+    ),
+    "maxpool_ceil_1d": (
+        "MaxPool",
+        [rand(1, 3, 10)],
+        {"kernel_shape": [3], "strides": [2], "ceil_mode": 1},
+        13,
+    ),
+    "avgpool_wide_pads_3d": (
+        "AveragePool",
+        [rand(1, 2, 5, 6, 7)],
+        {"kernel_shape": [4, 3, 2], "pads": [3, 1, 1, 2, 1, 1], "count_include_pad": 1},
+        13,
+    ),
     "slice_neg": (
         "Slice",
         [
@@ -201,6 +221,23 @@ def test_inductor_fuses_softmax_into_few_kernels():
     compiled = InductorBackend().compile(spec, "cpu")
     assert compiled.kernels <= 2  # one or two loops, not seven primitives
     assert check_kernel(compiled.fn(*[torch.as_tensor(x) for x in inputs]), want, spec.graph) is None
+
+
+# ("avgpool" does not count its padding: it divides by a count per position, and stays a window)
+@pytest.mark.parametrize("case", [c for c in CASES if "pool" in c and c != "avgpool"])
+def test_inductor_gets_a_pool_as_aten_pool_not_a_window_loop(case):
+    """Inductor compiles window + reduce as a loop over the window per output element (YOLOX's
+    13x13 max pool: 13 ms against 1 as a pool), so a pool's primitives reach it as one aten pool."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from korch.backends.torch_ops import graph_function
+
+    spec, inputs, want = _whole_graph_spec(case)
+    fn = graph_function(spec.graph)
+    args = [to_tensor(x) for x in inputs]
+    ops = {str(n.target) for n in make_fx(fn)(*args).graph.nodes if n.op == "call_function"}
+    assert any("pool" in op for op in ops) and not any("unfold" in op for op in ops), ops
+    assert check_kernel(fn(*args), want, spec.graph) is None
 
 
 def test_inductor_compiles_inside_a_tracing_context_with_a_fake_mode():

@@ -19,6 +19,7 @@ from korch import busy
 from korch.backends import get_backends
 from korch.candidates import CandidateOptions, enumerate_candidates
 from korch.kernel import kernel_spec
+from korch.partition import PartitionOptions
 from korch.pipeline import add_seeds
 from korch.profile_db import ProfileDB
 from korch.profiler import RETIMES, ProfileOptions, profile, time_fn
@@ -155,21 +156,24 @@ def _layernorm_softmax_gelu():
     return onnx_model(helper.make_graph(nodes, "g", [x], [y], weights), opset=20)
 
 
-def test_without_a_source_model_the_partition_seeds_lead_and_cover(tmp_path):
+def test_without_a_source_model_the_seeds_lead_and_cover(tmp_path):
     """On CUDA no backend runs the source model whole and a single primitive costs tens of
     milliseconds to time, so a short budget went to singles and no fusion was ever profiled (the
-    H200 run: 600 single-primitive kernels per plan). The partition's seed (Inductor here, as on
-    CUDA) now comes first, and past the deadline no single it covers is profiled."""
+    H200 run: 600 single-primitive kernels per plan). The seeds (Inductor here, as on CUDA) now
+    come first, the whole graph's among them (what torch.compile would run), and past the deadline
+    no single they cover is profiled."""
     graph = korch.fission(_layernorm_softmax_gelu()).graph
-    cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
-    assert add_seeds(graph, cands) == 1
-    (seed,) = [c.key for c in cands.candidates if c.seed]
+    parts = PartitionOptions(min_nodes=8, max_nodes=12)
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=4, partition=parts))
+    assert add_seeds(graph, cands) == len(cands.partitions) + 1 > 2  # the partitions' and the whole graph's
+    seeds = [c.key for c in cands.candidates if c.seed]
+    assert any(len(c.nodes) == len(graph.nodes) for c in cands.candidates if c.seed)
     singles = {c.key for c in cands.candidates if len(c.nodes) == 1}
     assert len(singles) > 16  # more than the first chunk (one worker), which is always profiled
     opts = ProfileOptions(min_time=0.002, progress=False, time_budget=0.0, jobs=1)
     backends = get_backends(["eager", "inductor"])
     result = profile(graph, cands, backends, ProfileDB(tmp_path / "p.sqlite"), opts)
-    assert result.profiles[seed]["inductor"].status == "ok"
+    assert all(result.profiles[seed]["inductor"].status == "ok" for seed in seeds)
     assert 0 < len([k for k in singles if result.profiles[k]]) < len(singles)
     assert result.profiled + result.skipped == sum(
         b.supports(kernel_spec(graph, c), "cpu") is None

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
-from korch.backends import Backend, CompiledKernel, source_digest, torch_ops
+from korch.backends import Backend, CompiledKernel, onnx_patterns, source_digest, torch_ops
 from korch.backends.torch_ops import graph_function
 from korch.kernel import KernelSpec
 from korch.prims import Prim
@@ -45,7 +45,7 @@ class InductorBackend(Backend):
     name = "inductor"
 
     def version(self) -> str:
-        return f"torch-{torch.__version__}+{source_digest(sys.modules[__name__], torch_ops)}"
+        return f"torch-{torch.__version__}+{source_digest(sys.modules[__name__], torch_ops, onnx_patterns)}"
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         if any(n.prim is Prim.OPAQUE for n in spec.graph.nodes):

@@ -525,17 +525,19 @@ PATTERNS: tuple[Callable[[_View, int, Node], Fused | None], ...] = (
     _softmax,
     _normalization,
 )
+POOLS = (_max_pool, _average_pool)  # (korch.backends.torch_ops writes these as aten's pools)
 
 
-def fuse(graph: Graph, weights: Mapping[str, np.ndarray] | None = None) -> dict[int, Fused]:
-    """Each pattern found, keyed by the index of its root (last) node. Roots are visited from the
-    end, so the largest pattern ending at a node claims its primitives first. `weights` (known
-    input values) let a linear resize's weights and a normalization's parameters be read."""
+def fuse(graph: Graph, weights: Mapping[str, np.ndarray] | None = None, patterns=None) -> dict[int, Fused]:
+    """Each pattern found (of `patterns`, default all), keyed by the index of its root (last) node.
+    Roots are visited from the end, so the largest pattern ending at a node claims its primitives
+    first. `weights` (known input values) let a linear resize's weights and a normalization's
+    parameters be read."""
     view, found = _View(graph, weights), {}
     for i in range(len(graph.nodes) - 1, -1, -1):
         if i in view.taken:
             continue
-        for pattern in PATTERNS:
+        for pattern in PATTERNS if patterns is None else patterns:
             fused = pattern(view, i, graph.nodes[i])
             if fused is not None and view.sealed(fused.absorbed, i):
                 found[i] = fused
