@@ -5,7 +5,12 @@ OUT/results.json (one entry per model and device), so models can be run in separ
 --render writes the markdown table and the bar chart from everything collected.
 
     python benchmarks/zoo_bench.py [MODEL ...] [--dir ZOO] [--out DIR] [--device cpu|cuda]
-        [--time-budget S] [--peers a,b] [--rounds N] [--render BENCHMARKS_PART.md] [--chart PNG]
+        [--backends a,b] [--time-budget S] [--peers a,b] [--rounds N] [--render BENCHMARKS_PART.md]
+        [--chart PNG]
+
+`--backends inductor,vendor --peers torch-compile,eager` on CPU rehearses the GPU run: no ONNX
+Runtime runs the source model whole (it has no CUDA provider there), so korch's plans are made of
+Inductor and vendor kernels and set against torch.compile, as on a GPU.
 """
 
 from __future__ import annotations
@@ -74,8 +79,13 @@ def run_model(name: str, args, ceilings: dict, out: Path) -> dict:
     run cut short by a time limit still leaves its numbers."""
     path = zoo.build(name, args.dir)
     cache = Path(args.cache or Path(args.out) / f"profiles-{args.device}.sqlite")
+    backends = tuple(b for b in (args.backends or "").split(",") if b) or None
     options = OptimizeOptions(
-        device=args.device, cache=cache, time_budget=args.time_budget, max_size=args.max_size
+        device=args.device,
+        cache=cache,
+        time_budget=args.time_budget,
+        max_size=args.max_size,
+        backends=backends,
     )
     start = time.perf_counter()
     plan = optimize(path, options=options)
@@ -101,6 +111,7 @@ def run_model(name: str, args, ceilings: dict, out: Path) -> dict:
     entry = {
         "model": name,
         "device": args.device,
+        "backends": options.backends,
         "primitives": meta["fission"]["primitives"],
         "kernels": len(plan.kernels),
         "source_model_only": [k.spec.key[: len(SOURCE_MODEL_PREFIX)] for k in plan.kernels]
@@ -172,6 +183,7 @@ def main() -> None:
     parser.add_argument("--cache", help="profile database (default OUT/profiles-DEVICE.sqlite)")
     parser.add_argument("--time-budget", type=float, default=300.0, help="profiling seconds per model")
     parser.add_argument("--max-size", type=int, default=12)
+    parser.add_argument("--backends", help="korch's backends, comma-separated (default: the device's)")
     parser.add_argument("--peers", default="onnxruntime,torch-compile,eager")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--no-rerun", dest="rerun", action="store_false", help="skip the cached re-run")

@@ -58,7 +58,7 @@ def table(runs: list[dict]) -> list[str]:
         cells = [
             r["model"],
             str(r["primitives"]),
-            f"{r['kernels']} ({r['greedy_kernels']})",
+            f"{r['kernels']} ({r['greedy_kernels'] if r['greedy_kernels'] is not None else '-'})",
             f"{korch:.3f}" + (" *" if r.get("source_model_only") else ""),
             f"{r['predicted_ms']:.3f} ({r['predicted_ms'] / korch:.2f}x)",
             *[f"{res[p]['median_ms']:.3f}" if p in res else "-" for p in peers],
@@ -133,7 +133,8 @@ def render_markdown(doc: dict) -> str:
         out += [
             f"\n### {device.upper()}\n",
             f"Measured ceilings: copy {ceil.get('bandwidth_gbs')} GB/s, fp32 matmul {ceil.get('gflops')} "
-            f"GFLOP/s. Profiling budget {runs[0]['time_budget']} s per model. Medians of interleaved "
+            f"GFLOP/s. Profiling budget {runs[0]['time_budget']} s per model, korch's backends "
+            f"{', '.join(runs[0].get('backends') or ['the default'])}. Medians of interleaved "
             "blocks; 'predicted' is the solver's sum of kernel latencies (ratio to measured).\n",
             *table(runs),
             "\n\\* the plan is the source model run whole by ONNX Runtime (nothing korch profiled within "
