@@ -1,4 +1,5 @@
-"""Backends that misbehave on purpose, imported by profiling workers in tests."""
+"""Backends that misbehave on purpose (or report on their worker), imported by profiling workers
+in tests."""
 
 import os
 import signal
@@ -50,3 +51,19 @@ class RaiseBackend(_Faulty):
 
     def compile(self, spec, device):
         raise RuntimeError("no kernel for you")
+
+
+class CompileThreadsBackend(_Faulty):
+    """Correct kernels (torch ops) that note Inductor's compile threads during each compile, a line
+    "key threads" in the file $KORCH_TEST_THREADS_LOG: what the profiling worker gave the job."""
+
+    name = "compile-threads"
+
+    def compile(self, spec, device):
+        from torch._inductor import config
+
+        from korch.backends.torch_ops import graph_function
+
+        with open(os.environ["KORCH_TEST_THREADS_LOG"], "a") as log:
+            log.write(f"{spec.key} {config.compile_threads}\n")
+        return CompiledKernel(graph_function(spec.graph, device))

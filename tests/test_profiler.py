@@ -182,6 +182,32 @@ def test_without_a_source_model_the_seeds_lead_and_cover(tmp_path):
     )
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to tell the shares apart")
+def test_the_whole_graph_compiles_with_all_the_cores_other_kernels_with_their_workers_share(
+    tmp_path, monkeypatch
+):
+    """The whole graph's compile is the longest of a run, and a worker's share of the cores is one
+    on a machine with a worker per core: its Inductor kernels compiled one after another."""
+    from faulty_backends import CompileThreadsBackend
+
+    log = tmp_path / "threads.log"
+    monkeypatch.setenv("KORCH_TEST_THREADS_LOG", str(log))
+    graph = korch.fission(_layernorm_softmax_gelu()).graph
+    parts = PartitionOptions(min_nodes=8, max_nodes=12)
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=2, partition=parts))
+    add_seeds(graph, cands)
+    opts = ProfileOptions(min_time=0.002, progress=False, jobs=2)
+    profile(graph, cands, [CompileThreadsBackend()], ProfileDB(tmp_path / "p.sqlite"), opts)
+    seen: dict[str, set[int]] = {}  # key -> threads in the compile worker and in the timing worker
+    for line in log.read_text().splitlines():
+        key, threads = line.split()
+        seen.setdefault(key, set()).add(int(threads))
+    (whole,) = [c.key for c in cands.candidates if len(c.nodes) == len(graph.nodes)]
+    share = max(1, os.cpu_count() // 2)  # two compile workers; the timing worker has every core
+    assert seen.pop(whole) == {os.cpu_count()}
+    assert len(seen) > 10 and all(share in threads for threads in seen.values())
+
+
 def test_progress_counts_to_what_was_left_at_the_deadline(tmp_path, capsys):
     graph = _small_graph()
     cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
