@@ -92,6 +92,7 @@ class Prim(str, Enum):
     ROUND = "round"
     SIN = "sin"
     COS = "cos"
+    ATAN = "atan"
     SIGN = "sign"
     NOT = "not"
     CAST = "cast"
@@ -223,6 +224,7 @@ _UNARY: dict[Prim, tuple[Callable, Sequence[str]]] = {
     Prim.ROUND: (np.round, FLOAT_DTYPES),
     Prim.SIN: (np.sin, FLOAT_DTYPES),
     Prim.COS: (np.cos, FLOAT_DTYPES),
+    Prim.ATAN: (np.arctan, FLOAT_DTYPES),
     Prim.SIGN: (np.sign, _NUMERIC),
     Prim.NOT: (np.logical_not, ("bool",)),
 }

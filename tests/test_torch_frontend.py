@@ -62,6 +62,7 @@ OPS = [
         lambda x: x.exp() + x.abs().log1p() + x.tanh() + x.sigmoid() + x.sin() + x.cos() + x.erf(),
         (V,),
     ),
+    ("inverse_trig", lambda x: torch.tanh(x).asin() + torch.tanh(x).acos() + (x * 9).atan(), (V,)),
     (
         "rounding",
         lambda x: (x * 3).floor() + (x * 3).ceil() + (x * 3).round() + x.sign() + x.reciprocal(),

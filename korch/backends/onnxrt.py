@@ -36,6 +36,7 @@ _SIMPLE = {
     Prim.ROUND: "Round",
     Prim.SIN: "Sin",
     Prim.COS: "Cos",
+    Prim.ATAN: "Atan",
     Prim.SIGN: "Sign",
     Prim.NOT: "Not",
     Prim.ADD: "Add",

@@ -39,6 +39,7 @@ _UNARY: dict[Prim, Callable] = {
     Prim.ROUND: torch.round,
     Prim.SIN: torch.sin,
     Prim.COS: torch.cos,
+    Prim.ATAN: torch.atan,
     Prim.SIGN: torch.sign,
     Prim.NOT: torch.logical_not,
 }

@@ -36,6 +36,7 @@ _UNARY = {
     "Round": Prim.ROUND,
     "Sin": Prim.SIN,
     "Cos": Prim.COS,
+    "Atan": Prim.ATAN,
     "Sign": Prim.SIGN,
     "Not": Prim.NOT,
 }
@@ -418,6 +419,27 @@ def _log_twice(ctx: Lowering, x: str) -> str:
 @_in_float32
 def tan(ctx: Lowering, x: str) -> str:
     return ctx.elementwise(Prim.DIV, ctx.unary(Prim.SIN, x), ctx.unary(Prim.COS, x))
+
+
+def asin_core(ctx: Lowering, x: str) -> str:
+    """atan(x / sqrt((1 - x)(1 + x))): +-pi/2 at +-1 (x / 0 is +-inf), NaN beyond."""
+    one = _s(ctx, x, 1)
+    cos = ctx.unary(
+        Prim.SQRT,
+        ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, one, x), ctx.elementwise(Prim.ADD, one, x)),
+    )
+    return ctx.unary(Prim.ATAN, ctx.elementwise(Prim.DIV, x, cos))
+
+
+def acos_core(ctx: Lowering, x: str) -> str:
+    """2 atan(sqrt((1 - x) / (1 + x))): no cancellation near 1, pi at -1, NaN beyond +-1."""
+    one = _s(ctx, x, 1)
+    ratio = ctx.elementwise(Prim.DIV, ctx.elementwise(Prim.SUB, one, x), ctx.elementwise(Prim.ADD, one, x))
+    return ctx.elementwise(Prim.MUL, ctx.unary(Prim.ATAN, ctx.unary(Prim.SQRT, ratio)), _s(ctx, x, 2))
+
+
+fission("Asin", 7, 22)(_in_float32(asin_core))
+fission("Acos", 7, 22)(_in_float32(acos_core))
 
 
 def _half_exps(ctx: Lowering, x: str) -> tuple[str, str]:

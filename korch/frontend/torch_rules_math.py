@@ -8,7 +8,14 @@ import numpy as np
 
 from korch.frontend.aten_lowering import AtenNode, aten, operand
 from korch.frontend.lowering import Lowering, normalize_axes
-from korch.frontend.rules_elementwise import elu_core, gelu_core, hard_sigmoid_core, softplus_core
+from korch.frontend.rules_elementwise import (
+    acos_core,
+    asin_core,
+    elu_core,
+    gelu_core,
+    hard_sigmoid_core,
+    softplus_core,
+)
 from korch.frontend.rules_linear import add_bias
 from korch.frontend.rules_reduce import batch_norm_core, channel_param, normalize, softmax
 from korch.prims import Prim
@@ -174,6 +181,7 @@ _UNARY = {
     "round": Prim.ROUND,
     "sin": Prim.SIN,
     "cos": Prim.COS,
+    "atan": Prim.ATAN,
     "sign": Prim.SIGN,
 }
 
@@ -191,6 +199,10 @@ for _op, _prim in _UNARY.items():
 
 def _x(ctx: Lowering, n: AtenNode) -> str:
     return ctx.cast(n["self"], n.out.dtype)
+
+
+aten("aten.asin.default")(lambda ctx, n: asin_core(ctx, _x(ctx, n)))
+aten("aten.acos.default")(lambda ctx, n: acos_core(ctx, _x(ctx, n)))
 
 
 def _s(ctx: Lowering, x: str, value: float) -> str:
