@@ -105,12 +105,18 @@ def _pad_index(device: torch.device, size: int, before: int, after: int, mode: s
     return torch.as_tensor(np.pad(np.arange(size), (before, after), mode=mode), device=device)
 
 
+def _torch_pads(pads) -> list[int]:
+    """ONNX's pads (every axis's begin, then every axis's end) in F.pad's order: the last axis's
+    (begin, end) first."""
+    nd = len(pads) // 2
+    return [p for i in reversed(range(nd)) for p in (pads[i], pads[nd + i])]
+
+
 def _pad(x, a):
     rank = x.dim()
     begins, ends = a["pads"][:rank], a["pads"][rank:]
     if a["mode"] == "constant":
-        flat = [p for axis in reversed(range(rank)) for p in (begins[axis], ends[axis])]
-        return F.pad(x, flat, value=a["value"])
+        return F.pad(x, _torch_pads(a["pads"]), value=a["value"])
     mode = "reflect" if a["mode"] == "reflect" else "edge"
     for axis in range(rank):
         if begins[axis] or ends[axis]:
@@ -142,7 +148,7 @@ def _conv(x, w, a):
     if tuple(pads[:nd]) == tuple(pads[nd:]):
         padding = list(pads[:nd])
     else:
-        x = F.pad(x, [p for i in reversed(range(nd)) for p in (pads[i], pads[nd + i])])
+        x = F.pad(x, _torch_pads(pads))
         padding = [0] * nd
     conv = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
     return conv(x, w, None, list(a["strides"]), padding, list(a["dilations"]), a["group"])
@@ -205,8 +211,7 @@ def _pool(x: torch.Tensor, pool) -> torch.Tensor:
     limits = [((k - 1) * d + 1) // 2 if maxing else k // 2 for k, d in zip(kernel, dilations)]
     padding = pads[:nd]
     if pads[:nd] != pads[nd:] or any(p > lim for p, lim in zip(padding, limits)):
-        flat = [p for i in reversed(range(nd)) for p in (pads[i], pads[nd + i])]
-        x, padding = F.pad(x, flat, value=float("-inf") if maxing else 0.0), [0] * nd
+        x, padding = F.pad(x, _torch_pads(pads), value=float("-inf") if maxing else 0.0), [0] * nd
     if maxing:
         fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1]
         return fn(x, kernel, strides, padding, dilations)
