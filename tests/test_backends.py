@@ -252,6 +252,28 @@ def test_inductor_compiles_inside_a_tracing_context_with_a_fake_mode():
     assert check_kernel(compiled.fn(*[torch.as_tensor(x) for x in inputs]), want, spec.graph) is None
 
 
+def test_inductor_compiles_a_kernel_again_from_its_disk_cache_and_keeps_baked_constants_apart():
+    """A kernel compiled again (by the timing worker, for the plan measured in place, for a plan
+    reloaded) is a hit in Inductor's FX graph cache instead of being lowered again; two kernels
+    that differ only in a baked constant's values still compute their own results."""
+    from torch._dynamo.utils import counters
+
+    kernels = []
+    for seed in (1, 2):
+        model, feeds = one_node_model("Add", [rand(4, 8), Const(rand(1, seed=seed))], {}, 13)
+        graph = korch.fission(model).graph
+        spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
+        assert spec.graph.inputs == ("in0",)  # the constant is baked in, part of the code
+        want = reference.run(spec.graph, {"in0": feeds["in0"]})
+        kernels.append((spec, torch.as_tensor(feeds["in0"]), want))
+    for spec, x, want in kernels:
+        assert check_kernel(InductorBackend().compile(spec, "cpu").fn(x), want, spec.graph) is None
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    for spec, x, want in kernels:
+        assert check_kernel(InductorBackend().compile(spec, "cpu").fn(x), want, spec.graph) is None
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 2
+
+
 def test_onnxruntime_keeps_a_broadcast_that_only_a_unary_primitive_reads():
     """ONNX broadcasts implicitly only between operands: exp(broadcast(x)) must stay expanded."""
     from korch.ir import GraphBuilder
