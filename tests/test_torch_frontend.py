@@ -63,6 +63,54 @@ OPS = [
         (V,),
     ),
     ("inverse_trig", lambda x: torch.tanh(x).asin() + torch.tanh(x).acos() + (x * 9).atan(), (V,)),
+    # tiny arguments: log(1 + x) and exp(x) - 1 would lose every digit (found by test_torch_opinfo.py)
+    ("log1p_expm1_tiny", lambda x: (torch.log1p(x * 1e-7), torch.expm1(x * 3e-8), torch.expm1(x * 9)), (V,)),
+    ("softplus_threshold", lambda x: F.softplus(x, beta=3, threshold=0.2) + F.softplus(x * 9), (V,)),
+    ("softplus_tiny", lambda x: F.softplus(x.sum() * 0 - 30), (V,)),  # 9e-14, a 0-d output
+    (
+        "bool_arithmetic",
+        lambda x: torch.isfinite(1 / x.round()) * (x > 0) + torch.isclose(x, x.round()),
+        (V,),
+    ),
+    (
+        "norms_and_scans",
+        lambda x: (
+            torch.linalg.vector_norm(x, dim=-1),
+            x.norm(p=3, dim=1),
+            torch.linalg.vector_norm(x, ord=float("inf")),
+            (x * (x > 0)).norm(p=0, dim=(0, 2)),
+            F.normalize(x, dim=-1),
+            x.cumsum(1),
+            *torch.var_mean(x, dim=1),
+        ),
+        (V,),
+    ),
+    (
+        "gather_flip_predicates",
+        lambda x: (
+            torch.gather(x, 2, (torch.arange(12) * 5 % 8).reshape(1, 1, 12).expand(2, 4, 12)),
+            x.flip(0, 2),
+            x.unfold(2, 3, 2),
+            x.unfold(0, 1, 1),
+            (x > 1).any(1),
+            (x > -3).all(),
+            torch.isnan(x.log()),
+            torch.fmod(x * 5, 1.5),
+            x.round(decimals=2) + x.round(decimals=-1),
+        ),
+        (V,),
+    ),
+    (  # dim 0 of a 0-d tensor
+        "scalar_dims",
+        lambda x: (
+            x.sum().mean(0, keepdim=True)
+            + x.sum().softmax(0)
+            + x.sum().argmax(0)
+            + torch.index_select(x.sum(), 0, torch.tensor([0]))
+            + x.sum().max(0).values
+        ),
+        (V,),
+    ),
     (
         "rounding",
         lambda x: (x * 3).floor() + (x * 3).ceil() + (x * 3).round() + x.sign() + x.reciprocal(),

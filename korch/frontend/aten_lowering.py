@@ -81,6 +81,11 @@ def operand(ctx: Lowering, v: Any, dtype: str) -> str:
     return ctx.scalar(float(v), dtype)
 
 
+def vector(ctx: Lowering, v: str) -> str:
+    """A 0-d tensor as one element along axis 0: torch takes dim 0 or -1 of a scalar."""
+    return ctx.reshape(v, [1]) if ctx.rank(v) == 0 else v
+
+
 class TorchLowering(Lowering):
     """Lowering for ATen graphs, which spell every linear layer as view -> addmm -> view: chains
     of reshapes and of transposes collapse onto their source, and convolutions are remembered so

@@ -217,18 +217,27 @@ class Lowering:
     def unary(self, prim: Prim, v: str) -> str:
         return self.emit(prim, v)
 
+    def _reduced_axes(self, v: str, axes: Sequence[int]) -> tuple[int, ...]:
+        """normalize_axes, except that a scalar has no axis to reduce (torch takes dim 0 or -1
+        of a 0-d tensor: the reduction is the value itself)."""
+        return normalize_axes(axes, self.rank(v)) if self.rank(v) else ()
+
     def reduce(self, prim: Prim, v: str, axes: Sequence[int], keepdims: bool = True) -> str:
-        axes = normalize_axes(axes, self.rank(v))
+        if self.dtype(v) == "bool" and prim in (Prim.REDUCE_MAX, Prim.REDUCE_MIN):
+            # any / all: as 0 and 1 (kernels' max and argmax do not all take bools)
+            return self.cast(self.reduce(prim, self.cast(v, "int32"), axes, keepdims), "bool")
+        axes = self._reduced_axes(v, axes)
         out = self.emit(prim, v, axes=axes) if axes else v
         if keepdims:
             return out
         return self.reshape(out, [d for i, d in enumerate(self.shape(v)) if i not in axes])
 
     def mean(self, v: str, axes: Sequence[int], keepdims: bool = True) -> str:
-        axes = normalize_axes(axes, self.rank(v))
+        axes = self._reduced_axes(v, axes)
         count = math.prod(self.shape(v)[a] for a in axes)
         total = self.reduce(Prim.REDUCE_SUM, v, axes, keepdims)
-        return self.elementwise(Prim.MUL, total, self.scalar(1.0 / max(count, 1), self.dtype(v)))
+        scale = 1.0 / count if count else math.nan  # (the mean of nothing is 0 / 0, as in torch)
+        return self.elementwise(Prim.MUL, total, self.scalar(scale, self.dtype(v)))
 
     def slice_axis(self, v: str, axis: int, start: int, size: int, step: int = 1) -> str:
         shape = self.shape(v)

@@ -234,10 +234,17 @@ def hard_swish(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [ctx.elementwise(Prim.MUL, x, hard_sigmoid_core(ctx, x, 1.0 / 6.0, 0.5))]
 
 
-def softplus_core(ctx: Lowering, x: str) -> str:
-    """log(1 + exp(x)) computed as max(x, 0) + log(1 + exp(-|x|)) so large inputs do not overflow."""
+def softplus_core(ctx: Lowering, x: str, exact_tail: bool = False) -> str:
+    """log(1 + exp(x)) computed as max(x, 0) + log(1 + exp(-|x|)) so large inputs do not overflow.
+    `exact_tail`: a log1p accurate for tiny exp(-|x|) too, so a very negative x keeps its tiny
+    softplus to full relative precision, as torch computes it (torch's softplus). ONNX's Softplus
+    and Mish keep the shorter form (YOLOv4's 72 Mish activations are its hot path): its error
+    there is absolute, below an ulp of 1 (6e-8)."""
     tail = ctx.unary(Prim.EXP, ctx.unary(Prim.NEG, ctx.unary(Prim.ABS, x)))
-    log1p = ctx.unary(Prim.LOG, ctx.elementwise(Prim.ADD, tail, _s(ctx, x, 1)))
+    if exact_tail:
+        log1p = log1p_core(ctx, tail)
+    else:
+        log1p = ctx.unary(Prim.LOG, ctx.elementwise(Prim.ADD, tail, _s(ctx, x, 1)))
     return ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MAX, x, _s(ctx, x, 0)), log1p)
 
 
@@ -306,10 +313,15 @@ def mod(ctx: Lowering, n: OnnxNode) -> list[str]:
     remainder); fmod=0: the remainder takes the divisor's sign, as Python's % (integers, and
     floats from opset 28 on; before it ONNX requires fmod=1 for them)."""
     a, b = n.inputs[0], n.inputs[1]
-    floats = ctx.dtype(a) in FLOAT_DTYPES
     python = not n.attr("fmod", 0)
-    if floats and python and n.opset < 28:
+    if ctx.dtype(a) in FLOAT_DTYPES and python and n.opset < 28:
         raise KorchError(f"Mod on {ctx.dtype(a)} needs fmod=1 before opset 28")
+    return [mod_core(ctx, a, b, python)]
+
+
+def mod_core(ctx: Lowering, a: str, b: str, python: bool) -> str:
+    """a mod b of one dtype: C's fmod, or (python) with the divisor's sign."""
+    floats = ctx.dtype(a) in FLOAT_DTYPES
     if floats:
         q = ctx.elementwise(Prim.DIV, a, b)
         negative = ctx.elementwise(Prim.LT, q, _s(ctx, q, 0))
@@ -323,7 +335,7 @@ def mod(ctx: Lowering, n: OnnxNode) -> list[str]:
         infinite_b = ctx.elementwise(Prim.EQ, ctx.unary(Prim.ABS, b), inf)
         rem = ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.AND, finite_a, infinite_b), a, rem)
     if not python:
-        return [rem]
+        return rem
     zero = _s(ctx, rem, 0)
     nonzero = ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, rem, zero))
     signs_differ = ctx.elementwise(
@@ -334,7 +346,7 @@ def mod(ctx: Lowering, n: OnnxNode) -> list[str]:
     if floats:  # a zero remainder is a zero of the divisor's sign
         signed_zero = ctx.elementwise(Prim.MUL, ctx.unary(Prim.SIGN, b), zero)
         rem = ctx.elementwise(Prim.WHERE, nonzero, rem, signed_zero)
-    return [rem]
+    return rem
 
 
 # ------------------------------------------------- predicates, shrink, bit shifts
@@ -403,11 +415,27 @@ def _in_float32(fn):
 
 
 def log1p_core(ctx: Lowering, u: str) -> str:
-    """log(1 + u), accurate for small u: log(w) * u / (w - 1) with w = 1 + u (Goldberg, Theorem 4)."""
+    """log(1 + u), accurate for small u: log(w) * u / (w - 1) with w = 1 + u (Goldberg, Theorem 4);
+    u itself where w rounds to 1 (below half an ulp of 1) or to infinity (inf / inf is NaN)."""
     w = ctx.elementwise(Prim.ADD, u, _s(ctx, u, 1))
     d = ctx.elementwise(Prim.SUB, w, _s(ctx, u, 1))
     scaled = ctx.elementwise(Prim.MUL, ctx.unary(Prim.LOG, w), ctx.elementwise(Prim.DIV, u, d))
-    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.EQ, d, _s(ctx, u, 0)), u, scaled)
+    exact = ctx.elementwise(
+        Prim.OR, ctx.elementwise(Prim.EQ, d, _s(ctx, u, 0)), ctx.elementwise(Prim.EQ, w, _s(ctx, u, math.inf))
+    )
+    return ctx.elementwise(Prim.WHERE, exact, u, scaled)
+
+
+def expm1_core(ctx: Lowering, x: str) -> str:
+    """exp(x) - 1, accurate for small x: 2t / (1 - t) with t = tanh(x / 2) where |x| < 1/2 (no
+    cancellation there), exp(x) - 1 elsewhere (tanh rounds to 1 well before exp overflows)."""
+    t = ctx.unary(Prim.TANH, ctx.elementwise(Prim.MUL, x, _s(ctx, x, 0.5)))
+    small = ctx.elementwise(
+        Prim.DIV, ctx.elementwise(Prim.ADD, t, t), ctx.elementwise(Prim.SUB, _s(ctx, x, 1), t)
+    )
+    large = ctx.elementwise(Prim.SUB, ctx.unary(Prim.EXP, x), _s(ctx, x, 1))
+    near_zero = ctx.elementwise(Prim.LT, ctx.unary(Prim.ABS, x), _s(ctx, x, 0.5))
+    return ctx.elementwise(Prim.WHERE, near_zero, small, large)
 
 
 def _log_twice(ctx: Lowering, x: str) -> str:

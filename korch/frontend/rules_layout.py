@@ -367,20 +367,25 @@ def gather_elements(ctx: Lowering, n: OnnxNode) -> list[str]:
     """A gather from the flattened data: flat = wrap(index) * stride(axis) + the offset of the other
     coordinates (a constant, size 1 along axis)."""
     data, idx = n.inputs[:2]
+    return [gather_elements_core(ctx, data, idx, n.attr("axis", 0))]
+
+
+def gather_elements_core(ctx: Lowering, data: str, idx: str, axis: int) -> str:
+    """GatherElements (torch.gather): out[..., i, ...] = data[..., idx[..., i, ...], ...] along axis."""
     shape, ishape = ctx.shape(data), ctx.shape(idx)
     rank = len(shape)
-    (axis,) = normalize_axes([n.attr("axis", 0)], rank)
+    (axis,) = normalize_axes([axis], rank)
     if len(ishape) != rank or any(i > d for k, (i, d) in enumerate(zip(ishape, shape)) if k != axis):
         raise KorchError(f"GatherElements indices {list(ishape)} do not fit data {list(shape)} (axis {axis})")
     if rank == 1:
-        return [ctx.emit(Prim.GATHER, data, idx, axis=0)]
+        return ctx.emit(Prim.GATHER, data, idx, axis=0)
     numel = ctx.type(data).numel
     idx = ctx.cast(idx, _index_dtype(ctx.dtype(idx), numel))
     strides = _strides(shape)
     coords = np.indices(tuple(1 if k == axis else d for k, d in enumerate(ishape)), dtype="int64")
     offset = sum(c * s for k, (c, s) in enumerate(zip(coords, strides)) if k != axis)
     flat = _affine(ctx, _wrap_negative(ctx, idx, shape[axis]), strides[axis], offset)
-    return [ctx.emit(Prim.GATHER, ctx.reshape(data, (numel,)), flat, axis=0)]
+    return ctx.emit(Prim.GATHER, ctx.reshape(data, (numel,)), flat, axis=0)
 
 
 @fission("GatherND", 11, 12, 13)

@@ -76,6 +76,8 @@ def avg_pool_core(ctx: Lowering, x, kernel, strides, pads, dilations, ceil_mode,
     count = Prim.WINDOW.ref([mask], {"kernel": kernel, "strides": strides, "dilations": dilations})[0]
     count = count.sum(axis=tuple(range(nd, 2 * nd)))
     dtype = ctx.dtype(x)
+    if dtype not in FLOAT_DTYPES:  # (torch's integer pools divide, truncating)
+        return ctx.elementwise(Prim.DIV, total, ctx.const(count.astype(dtype)))
     if np.all(count == count.flat[0]):
         return ctx.elementwise(Prim.MUL, total, ctx.scalar(1.0 / count.flat[0], dtype))
     return ctx.elementwise(Prim.DIV, total, ctx.const(count.astype(dtype)))

@@ -347,14 +347,19 @@ def global_max_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
 def cumsum(ctx: Lowering, n: OnnxNode) -> list[str]:
     """A prefix sum along one axis as a matmul with a triangular 0/1 matrix (a linear primitive)."""
     x = n.inputs[0]
+    (axis,) = ctx.ints(n.inputs[1], "CumSum axis")
+    return [cumsum_core(ctx, x, axis, bool(n.attr("reverse", 0)), bool(n.attr("exclusive", 0)))]
+
+
+def cumsum_core(ctx: Lowering, x: str, axis: int, reverse: bool = False, exclusive: bool = False) -> str:
     rank = ctx.rank(x)
-    (axis,) = normalize_axes(ctx.ints(n.inputs[1], "CumSum axis"), rank)
+    (axis,) = normalize_axes([axis], rank)
     length = ctx.shape(x)[axis]
     i, j = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")
-    keep = (i >= j) if n.attr("reverse", 0) else (i <= j)  # row i (source) feeds column j (target)
-    if n.attr("exclusive", 0):
+    keep = (i >= j) if reverse else (i <= j)  # row i (source) feeds column j (target)
+    if exclusive:
         keep &= i != j
     perm = [a for a in range(rank) if a != axis] + [axis]
     moved = ctx.transpose(x, perm)
     y = matmul(ctx, moved, ctx.const(keep.astype(ctx.dtype(x))))
-    return [ctx.transpose(y, np.argsort(perm))]
+    return ctx.transpose(y, np.argsort(perm))

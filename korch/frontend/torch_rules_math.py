@@ -6,18 +6,21 @@ import math
 
 import numpy as np
 
-from korch.frontend.aten_lowering import AtenNode, aten, operand
+from korch.frontend.aten_lowering import AtenNode, aten, operand, vector
 from korch.frontend.lowering import Lowering, normalize_axes
 from korch.frontend.rules_elementwise import (
     acos_core,
     asin_core,
     elu_core,
+    expm1_core,
     gelu_core,
     hard_sigmoid_core,
+    log1p_core,
+    mod_core,
     softplus_core,
 )
 from korch.frontend.rules_linear import add_bias
-from korch.frontend.rules_reduce import batch_norm_core, channel_param, normalize, softmax
+from korch.frontend.rules_reduce import batch_norm_core, channel_param, cumsum_core, normalize, softmax
 from korch.prims import Prim
 
 
@@ -44,10 +47,16 @@ _ARITH = {
 }
 
 
+# arithmetic on bools, as torch does it (sub and div of bools are errors in torch)
+_LOGICAL = {Prim.ADD: Prim.OR, Prim.MUL: Prim.AND, Prim.MAX: Prim.OR, Prim.MIN: Prim.AND}
+
+
 def _arith_rule(prim: Prim, first: str = "self", second: str = "other", reverse: bool = False):
     def rule(ctx: Lowering, n: AtenNode) -> str:
         dtype = n.out.dtype
         a, b = operand(ctx, n[first], dtype), operand(ctx, n[second], dtype)
+        if dtype == "bool":  # (torch's decompositions multiply masks: isfinite, isclose)
+            return ctx.elementwise(_LOGICAL[prim], a, b)
         alpha = n.get("alpha", 1)
         if alpha != 1:
             b = ctx.elementwise(Prim.MUL, b, operand(ctx, alpha, dtype)) if not reverse else b
@@ -105,6 +114,13 @@ def remainder(ctx: Lowering, n: AtenNode) -> str:
     a, b = operand(ctx, n["self"], work), operand(ctx, n["other"], work)
     q = ctx.unary(Prim.FLOOR, ctx.elementwise(Prim.DIV, a, b))
     return ctx.cast(ctx.elementwise(Prim.SUB, a, ctx.elementwise(Prim.MUL, b, q)), dtype)
+
+
+@aten("aten.fmod.Tensor", "aten.fmod.Scalar")
+def fmod(ctx: Lowering, n: AtenNode) -> str:
+    """C's fmod: the remainder takes the dividend's sign (ONNX's Mod with fmod=1)."""
+    dtype = n.out.dtype
+    return mod_core(ctx, operand(ctx, n["self"], dtype), operand(ctx, n["other"], dtype), python=False)
 
 
 # ---------------------------------------------------------------- comparisons
@@ -186,6 +202,22 @@ _UNARY = {
 }
 
 
+@aten("aten.isnan.default")
+def isnan(ctx: Lowering, n: AtenNode) -> str:
+    x = n["self"]
+    return ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, x, x))
+
+
+@aten("aten.round.decimals")
+def round_decimals(ctx: Lowering, n: AtenNode) -> str:
+    """As torch: round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for negative d."""
+    x, decimals = _x(ctx, n), n["decimals"]
+    scale = _s(ctx, x, 10.0 ** abs(decimals))
+    if decimals >= 0:
+        return ctx.elementwise(Prim.DIV, ctx.unary(Prim.ROUND, ctx.elementwise(Prim.MUL, x, scale)), scale)
+    return ctx.elementwise(Prim.MUL, ctx.unary(Prim.ROUND, ctx.elementwise(Prim.DIV, x, scale)), scale)
+
+
 def _unary_rule(prim: Prim):
     def rule(ctx: Lowering, n: AtenNode) -> str:
         return ctx.unary(prim, ctx.cast(n["self"], n.out.dtype))
@@ -220,8 +252,8 @@ def _activation(body):
 
 _ACTIVATIONS = {
     "rsqrt": lambda ctx, x, n: ctx.unary(Prim.RECIPROCAL, ctx.unary(Prim.SQRT, x)),
-    "log1p": lambda ctx, x, n: ctx.unary(Prim.LOG, ctx.elementwise(Prim.ADD, x, _s(ctx, x, 1))),
-    "expm1": lambda ctx, x, n: ctx.elementwise(Prim.SUB, ctx.unary(Prim.EXP, x), _s(ctx, x, 1)),
+    "log1p": lambda ctx, x, n: log1p_core(ctx, x),
+    "expm1": lambda ctx, x, n: expm1_core(ctx, x),
     "relu": lambda ctx, x, n: ctx.elementwise(Prim.MAX, x, _s(ctx, x, 0)),
     "silu": lambda ctx, x, n: ctx.elementwise(Prim.MUL, x, ctx.unary(Prim.SIGMOID, x)),
     "gelu": lambda ctx, x, n: gelu_core(ctx, x, n.get("approximate", "none")),
@@ -235,11 +267,14 @@ for _op, _body in _ACTIVATIONS.items():
 
 @aten("aten.softplus.default")
 def softplus(ctx: Lowering, n: AtenNode) -> str:
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (as torch computes it:
+    a small threshold makes the switch visible)."""
     x, beta = _x(ctx, n), n["beta"]
-    if beta == 1:
-        return softplus_core(ctx, x)
-    y = softplus_core(ctx, ctx.elementwise(Prim.MUL, x, _s(ctx, x, beta)))
-    return ctx.elementwise(Prim.MUL, y, _s(ctx, x, 1.0 / beta))
+    scaled = x if beta == 1 else ctx.elementwise(Prim.MUL, x, _s(ctx, x, beta))
+    y = softplus_core(ctx, scaled, exact_tail=True)
+    y = y if beta == 1 else ctx.elementwise(Prim.MUL, y, _s(ctx, x, 1.0 / beta))
+    linear = ctx.elementwise(Prim.GT, scaled, _s(ctx, x, n["threshold"]))
+    return ctx.elementwise(Prim.WHERE, linear, x, y)
 
 
 @aten("aten.leaky_relu.default")
@@ -300,7 +335,9 @@ def no_op(ctx: Lowering, n: AtenNode) -> None:
 
 
 def _dims(ctx: Lowering, x: str, dim) -> tuple[int, ...]:
-    """dim=None or [] means every axis, as in torch."""
+    """dim=None or [] means every axis, as in torch; a scalar has none."""
+    if ctx.rank(x) == 0:
+        return ()
     if dim is None or (isinstance(dim, (list, tuple)) and not dim):
         return tuple(range(ctx.rank(x)))
     return normalize_axes(dim if isinstance(dim, (list, tuple)) else [dim], ctx.rank(x))
@@ -333,7 +370,7 @@ for _op, _body in _REDUCTIONS.items():
 
 @aten("aten.argmax.default", "aten.argmin.default")
 def argmax(ctx: Lowering, n: AtenNode) -> str:
-    x = n["self"]
+    x = vector(ctx, n["self"])
     if n["dim"] is None:
         x = ctx.reshape(x, [ctx.type(x).numel])
     (axis,) = _dims(ctx, x, n.get("dim", 0))
@@ -343,24 +380,64 @@ def argmax(ctx: Lowering, n: AtenNode) -> str:
 
 @aten("aten.max.dim", "aten.min.dim")
 def max_dim(ctx: Lowering, n: AtenNode) -> list[str]:
-    x = n["self"]
+    x = vector(ctx, n["self"])
+    x = ctx.cast(x, "int32") if ctx.dtype(x) == "bool" else x  # (torch's argmax refuses bools)
     (axis,) = _dims(ctx, x, n["dim"])
     is_max = n.target.startswith("aten.max")
     values = ctx.reduce(Prim.REDUCE_MAX if is_max else Prim.REDUCE_MIN, x, [axis])
     index = ctx.emit(Prim.ARGMAX if is_max else Prim.ARGMIN, x, axis=axis)
-    return [ctx.reshape(values, n.out_types[0].shape), ctx.reshape(index, n.out_types[1].shape)]
+    values = ctx.cast(ctx.reshape(values, n.out_types[0].shape), n.out_types[0].dtype)
+    return [values, ctx.reshape(index, n.out_types[1].shape)]
 
 
-@aten("aten.var.correction")
-def var(ctx: Lowering, n: AtenNode) -> str:
+@aten("aten.var.correction", "aten.var_mean.correction")
+def var(ctx: Lowering, n: AtenNode) -> str | list[str]:
     x = n["self"]
     axes = _dims(ctx, x, n["dim"])
-    centered = ctx.elementwise(Prim.SUB, x, ctx.mean(x, axes))
+    mean = ctx.mean(x, axes)
+    centered = ctx.elementwise(Prim.SUB, x, mean)
     total = ctx.reduce(Prim.REDUCE_SUM, ctx.elementwise(Prim.MUL, centered, centered), axes)
     count = math.prod(ctx.shape(x)[a] for a in axes)
     correction = 1 if n["correction"] is None else n["correction"]
     scale = 1.0 / max(count - correction, 0) if count > correction else float("inf")
-    return ctx.reshape(ctx.elementwise(Prim.MUL, total, _s(ctx, x, scale)), n.out.shape)
+    var = ctx.reshape(ctx.elementwise(Prim.MUL, total, _s(ctx, x, scale)), n.out.shape)
+    return [var, ctx.reshape(mean, n.out.shape)] if "var_mean" in n.target else var
+
+
+@aten("aten.linalg_vector_norm.default")
+def vector_norm(ctx: Lowering, n: AtenNode) -> str:
+    """(sum |x|^p)^(1/p) over dim (every axis when None), with torch's special orders: 0 counts
+    the nonzeros, inf and -inf are the largest and smallest |x|."""
+    x = ctx.cast(n["self"], n.out.dtype)
+    axes, order = _dims(ctx, x, n.get("dim")), float(n["ord"])
+    size = ctx.unary(Prim.ABS, x)
+    if order == math.inf or order == -math.inf:
+        y = ctx.reduce(Prim.REDUCE_MAX if order > 0 else Prim.REDUCE_MIN, size, axes)
+    elif order == 0:
+        nonzero = ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, x, _s(ctx, x, 0)))
+        y = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(nonzero, ctx.dtype(x)), axes)
+    elif order == 1:
+        y = ctx.reduce(Prim.REDUCE_SUM, size, axes)
+    elif order == 2:
+        y = ctx.unary(Prim.SQRT, ctx.reduce(Prim.REDUCE_SUM, ctx.elementwise(Prim.MUL, x, x), axes))
+    else:
+        powered = ctx.elementwise(Prim.POW, size, _s(ctx, x, order))
+        y = ctx.elementwise(Prim.POW, ctx.reduce(Prim.REDUCE_SUM, powered, axes), _s(ctx, x, 1 / order))
+    return ctx.reshape(y, n.out.shape)
+
+
+@aten(*(f"aten.{op}.{overload}" for op in ("any", "all") for overload in ("default", "dim", "dims")))
+def any_all(ctx: Lowering, n: AtenNode) -> str:
+    """Whether any (all) element is nonzero: the max (min) of the elements as bools."""
+    nonzero = ctx.cast(n["self"], "bool")
+    prim = Prim.REDUCE_MAX if n.target.startswith("aten.any") else Prim.REDUCE_MIN
+    return ctx.reshape(ctx.reduce(prim, nonzero, _dims(ctx, nonzero, n.get("dim"))), n.out.shape)
+
+
+@aten("aten.cumsum.default")
+def cumsum(ctx: Lowering, n: AtenNode) -> str:
+    x = vector(ctx, ctx.cast(n["self"], n.out.dtype))
+    return ctx.reshape(cumsum_core(ctx, x, n["dim"]), n.out.shape)
 
 
 # ------------------------------------------------------- softmax and the norms
@@ -368,9 +445,9 @@ def var(ctx: Lowering, n: AtenNode) -> str:
 
 @aten("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int")
 def softmax_rule(ctx: Lowering, n: AtenNode) -> str:
-    x = ctx.cast(n["self"], n.out.dtype)
+    x = vector(ctx, ctx.cast(n["self"], n.out.dtype))
     (axis,) = normalize_axes([n["dim"]], ctx.rank(x))
-    return softmax(ctx, x, axis, log="log_softmax" in n.target)
+    return ctx.reshape(softmax(ctx, x, axis, log="log_softmax" in n.target), n.out.shape)
 
 
 def _affine(ctx: Lowering, y: str, weight, bias, channel_rank: int | None = None) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from korch.errors import KorchError
-from korch.frontend.aten_lowering import AtenNode, aten, operand
+from korch.frontend.aten_lowering import AtenNode, aten, operand, vector
 from korch.frontend.lowering import Lowering, normalize_axes
-from korch.frontend.rules_layout import slice_bounds, tile_core
+from korch.frontend.rules_layout import gather_elements_core, slice_bounds, tile_core
 from korch.frontend.rules_linear import add_bias, matmul
 from korch.frontend.rules_pool import avg_pool_core, max_pool_core, resample
 from korch.prims import Prim
@@ -112,9 +112,40 @@ def embedding(ctx: Lowering, n: AtenNode) -> str:
 
 @aten("aten.index_select.default")
 def index_select(ctx: Lowering, n: AtenNode) -> str:
-    x = n["self"]
+    x = vector(ctx, n["self"])
     (axis,) = normalize_axes([n["dim"]], ctx.rank(x))
-    return ctx.emit(Prim.GATHER, x, _wrapped(ctx, n["index"], ctx.shape(x)[axis]), axis=axis)
+    index = _wrapped(ctx, n["index"], ctx.shape(x)[axis])
+    return ctx.reshape(ctx.emit(Prim.GATHER, x, index, axis=axis), n.out.shape)
+
+
+@aten("aten.gather.default")
+def gather(ctx: Lowering, n: AtenNode) -> str:
+    data, index = vector(ctx, n["self"]), vector(ctx, n["index"])
+    return ctx.reshape(gather_elements_core(ctx, data, index, n["dim"]), n.out.shape)
+
+
+@aten("aten.unfold.default")
+def unfold(ctx: Lowering, n: AtenNode) -> str:
+    """Tensor.unfold(dimension, size, step): the windows along one axis, each a new last axis (a
+    window primitive over that axis moved last, the window count moved back)."""
+    x = vector(ctx, n["self"])
+    rank = ctx.rank(x)
+    (axis,) = normalize_axes([n["dimension"]], rank)
+    last = ctx.transpose(x, [a for a in range(rank) if a != axis] + [axis])
+    windows = ctx.emit(Prim.WINDOW, last, kernel=(n["size"],), strides=(n["step"],), dilations=(1,))
+    back = [*range(axis), rank - 1, *range(axis, rank - 1), rank]
+    return ctx.reshape(ctx.transpose(windows, back), n.out.shape)
+
+
+@aten("aten.flip.default")
+def flip(ctx: Lowering, n: AtenNode) -> str:
+    """A gather of the reversed positions along each flipped axis."""
+    x = n["self"]
+    for axis in normalize_axes(n["dims"], ctx.rank(x)) if ctx.rank(x) else ():
+        size = ctx.shape(x)[axis]
+        if size > 1:
+            x = ctx.emit(Prim.GATHER, x, ctx.const(np.arange(size - 1, -1, -1, dtype="int64")), axis=axis)
+    return x
 
 
 def _wrapped(ctx: Lowering, index: str, dim: int) -> str:

@@ -1,0 +1,101 @@
+"""The PyTorch front end against torch's own operator database (OpInfo): for every operator that
+takes float32 (int64, bool) on CPU, its first samples of that dtype are exported, lowered to
+primitives and run by the numpy reference, and the outputs compared with eager PyTorch. korch may
+refuse a sample (an operator without a rule, a dtype it lacks: a KorchError), but it may neither
+crash nor compute something else. Hand-written cases live in test_torch_frontend.py; this is the
+breadth check."""
+
+import logging
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+import korch.backends  # noqa: F401  (first: torch's test utilities freeze torch.backends' flags)
+from korch import check, reference
+from korch.errors import KorchError
+from korch.frontend.torch_import import import_torch
+
+op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
+
+# per operator and dtype, the first samples, which OpInfo makes small and varied (0-d, empty, kwargs)
+SAMPLES = {torch.float32: 3, torch.int64: 2, torch.bool: 2}
+TOLERANCE = 1e-4  # relative to the largest output value (korch.check.rel_err)
+CASES = [
+    pytest.param(op, dtype, id=f"{op.name}.{op.variant_test_name}".rstrip(".") + f"-{str(dtype)[6:]}")
+    for dtype in SAMPLES
+    for op in op_db
+    if dtype in op.supported_dtypes("cpu")
+]
+
+
+class Call(torch.nn.Module):
+    """op(input, *args, **kwargs) with the sample's tensors as the module's inputs, the rest fixed."""
+
+    def __init__(self, op, sample):
+        super().__init__()
+        self.op = op
+        self.leaves, self.tree = tree_flatten((sample.input, sample.args, sample.kwargs))
+        self.tensors = [i for i, leaf in enumerate(self.leaves) if isinstance(leaf, torch.Tensor)]
+
+    def inputs(self) -> list[torch.Tensor]:
+        return [self.leaves[i] for i in self.tensors]
+
+    def forward(self, *tensors):
+        leaves = list(self.leaves)
+        for i, t in zip(self.tensors, tensors):
+            leaves[i] = t
+        x, args, kwargs = tree_unflatten(leaves, self.tree)
+        return self.op(x, *args, **kwargs)
+
+
+def _mismatch(got: np.ndarray, want: torch.Tensor) -> str | None:
+    want = want.numpy()
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{got.dtype}{list(got.shape)}, eager {want.dtype}{list(want.shape)}"
+    if not np.array_equal(np.isnan(got), np.isnan(want)):
+        return "NaNs in other places"
+    err = check.rel_err(np.nan_to_num(got), np.nan_to_num(want))
+    return f"relative error {err:.3g}" if err > TOLERANCE else None
+
+
+@pytest.mark.parametrize("op,dtype", CASES)
+def test_aten_lowering_matches_eager_or_refuses(op, dtype):
+    try:
+        samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))[: SAMPLES[dtype]]
+    except Exception as e:  # (a few OpInfos need libraries this machine lacks)
+        pytest.skip(f"no samples: {type(e).__name__}")
+    lowered = 0
+    for k, sample in enumerate(samples):
+        module = Call(op.op, sample).eval()
+        inputs = module.inputs()
+        try:
+            with torch.no_grad():
+                want, _ = tree_flatten(module(*inputs))
+        except Exception:  # (eager refuses it on this machine: CUDA-only, say)
+            continue
+        if not want or not all(isinstance(w, torch.Tensor) for w in want):
+            continue  # (a Python number or None: not a graph output)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logging.disable(logging.WARNING)
+            try:
+                result = import_torch(module, inputs)
+            except KorchError as e:
+                assert "\n" not in str(e), f"sample {k}: a refusal is one line"
+                if "has no korch lowering" in str(e):
+                    break  # (the other samples reach the same ATen operator: time saved)
+                continue
+            finally:
+                logging.disable(logging.NOTSET)
+        feeds = {name: t.numpy() for name, t in zip(result.graph.inputs, inputs)}
+        got = reference.run(result.graph, feeds)
+        assert len(got) == len(want), f"sample {k}: {len(got)} outputs, eager {len(want)}"
+        for name, w in zip(result.graph.output_names, want):
+            problem = _mismatch(got[name], w)
+            assert problem is None, f"sample {k} ({sample.summary()}), output {name}: {problem}"
+        lowered += 1
+    if not lowered:
+        pytest.skip("korch refuses every sample")
