@@ -55,7 +55,7 @@ def _arith_rule(prim: Prim, first: str = "self", second: str = "other", reverse:
     def rule(ctx: Lowering, n: AtenNode) -> str:
         dtype = n.out.dtype
         a, b = operand(ctx, n[first], dtype), operand(ctx, n[second], dtype)
-        if dtype == "bool":  # (torch's decompositions multiply masks: isfinite, isclose)
+        if dtype == "bool" and prim in _LOGICAL:  # (torch's decompositions multiply masks: isfinite)
             return ctx.elementwise(_LOGICAL[prim], a, b)
         alpha = n.get("alpha", 1)
         if alpha != 1:
