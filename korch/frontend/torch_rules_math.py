@@ -400,8 +400,8 @@ def var(ctx: Lowering, n: AtenNode) -> str | list[str]:
     count = math.prod(ctx.shape(x)[a] for a in axes)
     correction = 1 if n["correction"] is None else n["correction"]
     scale = 1.0 / max(count - correction, 0) if count > correction else float("inf")
-    var = ctx.reshape(ctx.elementwise(Prim.MUL, total, _s(ctx, x, scale)), n.out.shape)
-    return [var, ctx.reshape(mean, n.out.shape)] if "var_mean" in n.target else var
+    variance = ctx.reshape(ctx.elementwise(Prim.MUL, total, _s(ctx, x, scale)), n.out.shape)
+    return [variance, ctx.reshape(mean, n.out.shape)] if "var_mean" in n.target else variance
 
 
 @aten("aten.linalg_vector_norm.default")
