@@ -13,14 +13,17 @@ from korch.prims import Prim
 
 
 def index_limits(graph: Graph) -> dict[str, int]:
-    """Integer inputs that a gather reads as they are: name -> the size of the dimension they
-    index (valid values: -size <= i < size, as for ONNX's Gather)."""
+    """Integer inputs that a gather or scatter reads as they are: name -> the size of the dimension
+    they index (valid values: -size <= i < size, as for ONNX's Gather)."""
     limits: dict[str, int] = {}
     for node in graph.nodes:
-        if node.prim is Prim.GATHER and node.inputs[1] in graph.inputs:
-            dim = graph.types[node.inputs[0]].shape[node.a["axis"]]
+        if node.prim in _INDEXING and node.inputs[1] in graph.inputs:
+            dim = graph.types[node.inputs[0]].shape[node.a.get("axis", 0)]
             limits[node.inputs[1]] = min(dim, limits.get(node.inputs[1], dim))
     return limits
+
+
+_INDEXING = (Prim.GATHER, Prim.SCATTER)  # (their indices are input 1; a scatter's axis is 0)
 
 
 # Integer inputs are drawn from 1 unless they index: any of them may be a divisor, and an integer
@@ -61,7 +64,7 @@ def input_bounds(graph: Graph) -> dict[str, list[int]]:
     never zero where it reaches an integer divisor; small indices where it may index otherwise."""
     limits = index_limits(graph)
     divisors = _reaching(graph, [n.inputs[1] for n in graph.nodes if integer_division(graph.types, n)])
-    indices = _reaching(graph, [n.inputs[1] for n in graph.nodes if n.prim is Prim.GATHER])
+    indices = _reaching(graph, [n.inputs[1] for n in graph.nodes if n.prim in _INDEXING])
     opaque = {v for n in graph.nodes if n.prim is Prim.OPAQUE for v in n.inputs}
     bounds = {}
     for v in graph.inputs:

@@ -120,6 +120,7 @@ class Prim(str, Enum):
     REDUCE_PROD = "reduce_prod"
     ARGMAX = "argmax"
     ARGMIN = "argmin"
+    ARGSORT = "argsort"
     # layout
     RESHAPE = "reshape"
     TRANSPOSE = "transpose"
@@ -128,6 +129,7 @@ class Prim(str, Enum):
     PAD = "pad"
     GATHER = "gather"
     WINDOW = "window"
+    SCATTER = "scatter"
     # linear
     MATMUL = "matmul"
     CONV = "conv"
@@ -379,6 +381,26 @@ _define(
 )
 
 
+def _argsort_infer(types, attrs):
+    _arity(types, 1, "argsort")
+    t = types[0]
+    _check(0 <= attrs["axis"] < t.rank, f"argsort: axis {attrs['axis']} out of range")
+    _check(t.dtype in _NUMERIC, f"argsort: dtype {t.dtype} not supported")
+    return [TensorType(t.shape, "int64")]
+
+
+def _argsort_ref(xs, a):
+    """Stable: equal values keep their order, descending too; NaN sorts as the largest value."""
+    x, axis = xs[0], a["axis"]
+    if not a["descending"]:
+        return [np.argsort(x, axis=axis, kind="stable").astype("int64")]
+    backwards = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
+    return [np.flip(x.shape[axis] - 1 - backwards, axis).astype("int64")]
+
+
+_define(Prim.ARGSORT, Kind.REDUCE, _argsort_infer, _argsort_ref)
+
+
 # --------------------------------------------------------------------- layout
 
 
@@ -538,6 +560,39 @@ def _window_ref(xs, a):
 
 
 _define(Prim.WINDOW, Kind.LAYOUT, _window_infer, _window_ref)
+
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _scatter_infer(types, attrs):
+    """data [N, *rest], index [M] (0 <= index < N), updates [M, *rest] -> data with row index[i]
+    replaced by (or combined by the reduction with) row i of updates."""
+    _arity(types, 3, "scatter")
+    data, idx, upd = types
+    reduction = attrs["reduction"]
+    _check(reduction in SCATTER_REDUCTIONS, f"scatter: unknown reduction {reduction}")
+    _check(data.rank >= 1 and idx.rank == 1, "scatter: data needs an axis to index, the index one axis")
+    _check(idx.dtype in ("int64", "int32"), "scatter: indices must be int32 or int64")
+    _check(upd.shape == idx.shape + data.shape[1:], f"scatter: updates {upd.shape} do not fit {data.shape}")
+    _check(upd.dtype == data.dtype, "scatter: updates and data differ in dtype")
+    _check(reduction == "none" or data.dtype != "bool", "scatter: bool data takes no reduction")
+    return [data]
+
+
+_SCATTER_UFUNCS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_ref(xs, a):
+    data, idx, upd = xs
+    out = data.copy()
+    if a["reduction"] == "none":
+        out[idx] = upd  # (a repeated index: the last update wins, as in ONNX Runtime on CPU)
+    else:
+        _SCATTER_UFUNCS[a["reduction"]].at(out, idx, upd)
+    return [out]
+
+
+_define(Prim.SCATTER, Kind.LAYOUT, _scatter_infer, _scatter_ref)
 
 
 # --------------------------------------------------------------------- linear

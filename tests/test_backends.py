@@ -113,14 +113,33 @@ CASES = {
         13,
     ),
     "concat": ("Concat", [rand(2, 3), rand(2, 5, seed=1)], {"axis": 1}, 13),
+    "scatter_elements_add": (
+        "ScatterElements",
+        [rand(3, 5), np.array([[0, 2, -1], [1, 1, 0]], "int64"), rand(2, 3, seed=1)],
+        {"axis": 0, "reduction": "add"},
+        18,
+    ),
+    "scatter_nd_max": (
+        "ScatterND",
+        [rand(4, 5, 6), np.array([[1], [3], [1]], "int64"), rand(3, 5, 6, seed=1)],
+        {"reduction": "max"},
+        18,
+    ),
+    "scatter_nd": ("ScatterND", [rand(4, 5), np.array([[2], [0]], "int64"), rand(2, 5, seed=1)], {}, 13),
+    "top_k": ("TopK", [rand(3, 9), Const(np.array([4], "int64"))], {"axis": 1, "largest": 0}, 11),
     "einsum": ("Einsum", [rand(2, 3, 4), rand(2, 4, 5, seed=1)], {"equation": "bij,bjk->bik"}, 12),
 }
 
 
-def _whole_graph_spec(case):
+def _case_model(case):
     op, inputs, attrs, opset = CASES[case]
-    out_dtypes = ["int64"] if op == "ArgMax" else (["int64"] if case == "int_div" else ["float32"])
-    model, feeds = one_node_model(op, inputs, attrs, opset, out_dtypes=out_dtypes)
+    out_dtypes = {"ArgMax": ["int64"], "TopK": ["float32", "int64"]}.get(op, ["float32"])
+    out_dtypes = ["int64"] if case == "int_div" else out_dtypes
+    return one_node_model(op, inputs, attrs, opset, n_outputs=len(out_dtypes), out_dtypes=out_dtypes)
+
+
+def _whole_graph_spec(case):
+    model, feeds = _case_model(case)
     graph = korch.fission(model).graph
     spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
     env = dict(graph.constants)
@@ -160,9 +179,7 @@ def test_float32_stays_ieee_float32_where_korch_runs():
 def test_eager_runs_every_single_primitive_like_the_reference(case):
     """Each primitive of the case's graph alone, on the activations the whole graph computes."""
     (b,) = get_backends(["eager"])
-    op, inputs, attrs, opset = CASES[case]
-    out_dtypes = ["int64"] if op == "ArgMax" or case == "int_div" else ["float32"]
-    model, feeds = one_node_model(op, inputs, attrs, opset, out_dtypes=out_dtypes)
+    model, feeds = _case_model(case)
     graph = korch.fission(model).graph
     env = _all_values(graph, feeds)
     for i in range(len(graph.nodes)):

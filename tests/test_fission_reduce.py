@@ -175,6 +175,20 @@ def test_cumsum(axis, exclusive, reverse):
     )
 
 
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_cumprod(axis, exclusive, reverse):
+    """A log-step scan: lengths 3, 9 and 5 take 2, 4 and 3 steps; a zero and negative integers
+    stay exact (a product through logarithms would lose both)."""
+    x = rand(3, 9, 5)
+    x[1, 2, 3] = 0.0
+    attrs = {"exclusive": exclusive, "reverse": reverse}
+    check_op("CumProd", [x, Const(np.array(axis, "int64"))], attrs, opset=26)
+    ints = rand(3, 9, 5, dtype="int64", low=-3, high=4)
+    check_op("CumProd", [ints, Const(np.array(axis, "int64"))], attrs, opset=26)
+
+
 @pytest.mark.parametrize("axes", [None, [1], [2, 3], [0, 1, 2, 3], [-1]])
 @pytest.mark.parametrize("opset", [9, 13])
 def test_mean_variance_norm(axes, opset):

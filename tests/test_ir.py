@@ -4,6 +4,7 @@ from types import MappingProxyType
 
 import numpy as np
 import pytest
+import torch
 from helpers import Const, one_node_model, onnx_model, rand
 
 import korch
@@ -38,6 +39,23 @@ def test_every_primitive_has_a_kind_rule_and_reference():
         (Prim.GATHER, [TensorType((4,), "float32"), TensorType((2,), "float32")], {"axis": 0}),
         (Prim.WINDOW, [TensorType((1, 2), "float32")], {"kernel": (3,), "strides": (1,), "dilations": (1,)}),
         (Prim.MATMUL, [TensorType((2, 3), "float32"), TensorType((4, 5), "float32")], {}),
+        (Prim.ARGSORT, [TensorType((2, 3), "bool")], {"axis": 1, "descending": False}),
+        (Prim.ARGSORT, [TensorType((2, 3), "float32")], {"axis": 2, "descending": False}),
+        (  # updates not [len(index), *data.shape[1:]]
+            Prim.SCATTER,
+            [TensorType((5, 3), "float32"), TensorType((2,), "int64"), TensorType((2, 4), "float32")],
+            {"reduction": "none"},
+        ),
+        (
+            Prim.SCATTER,
+            [TensorType((5,), "bool"), TensorType((2,), "int64"), TensorType((2,), "bool")],
+            {"reduction": "add"},
+        ),
+        (
+            Prim.SCATTER,
+            [TensorType((5,), "float32"), TensorType((2,), "int64"), TensorType((2,), "float32")],
+            {"reduction": "mean"},
+        ),
         (
             Prim.CONV,
             [TensorType((1, 3, 4, 4), "float32"), TensorType((2, 2, 3, 3), "float32")],
@@ -48,6 +66,28 @@ def test_every_primitive_has_a_kind_rule_and_reference():
 def test_shape_rules_reject_bad_operands(prim, types, attrs):
     with pytest.raises(ShapeError):
         prim.infer(types, attrs)
+
+
+def test_argsort_is_stable_both_ways_and_puts_nan_last_ascending():
+    x = np.array([[2.0, 1.0, 2.0, np.nan, 1.0]], dtype="float32")
+    (up,) = Prim.ARGSORT.ref([x], {"axis": 1, "descending": False})
+    (down,) = Prim.ARGSORT.ref([x], {"axis": 1, "descending": True})
+    np.testing.assert_array_equal(up, [[1, 4, 0, 2, 3]])
+    np.testing.assert_array_equal(down, [[3, 0, 2, 1, 4]])  # (as torch.sort(stable=True))
+    want = torch.sort(torch.from_numpy(x), dim=1, descending=True, stable=True).indices.numpy()
+    np.testing.assert_array_equal(down, want)
+
+
+def test_scatter_reduces_repeated_rows():
+    data = np.zeros((3, 2), "float32")
+    rows = np.array([2, 0, 2], "int64")
+    updates = np.array([[1, 2], [3, 4], [5, 6]], "float32")
+    (added,) = Prim.SCATTER.ref([data, rows, updates], {"reduction": "add"})
+    (largest,) = Prim.SCATTER.ref([data - 9, rows, updates], {"reduction": "max"})
+    np.testing.assert_array_equal(added, [[3, 4], [0, 0], [6, 8]])
+    np.testing.assert_array_equal(largest, [[3, 4], [-9, -9], [5, 6]])
+    (t,) = Prim.SCATTER.infer([TensorType.of(a) for a in (data, rows, updates)], {"reduction": "add"})
+    assert t == TensorType((3, 2), "float32")
 
 
 def test_window_shape_and_reference():

@@ -32,15 +32,17 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
     return onnx_model(graph, opset)
 
 
-def topk_k_initializer():
-    """TopK's k given as an initializer (a baked constant of the kernel), between two fusible ops."""
+def rnn_weights():
+    """An RNN (no fission rule) between two fusible ops: its bias small enough to be baked into the
+    kernel, its weight matrices inputs of it (weights), and two outputs, both read."""
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
-        helper.make_node("TopK", ["r", "k"], ["v", "i"]),
-        helper.make_node("Exp", ["v"], ["y"]),
+        helper.make_node("RNN", ["r", "w", "rec", "b"], ["seq", "h"], hidden_size=4),
+        helper.make_node("Exp", ["h"], ["y"]),
     ]
-    outs = [("y", F, [3, 2]), ("i", I64, [3, 2])]
-    return _model(nodes, [("x", F, [3, 8])], outs, [("k", np.array([2], "int64"))]), "TopK"
+    inits = [("w", rand(1, 4, 8, seed=1) * 0.3), ("rec", rand(1, 4, 4, seed=2) * 0.3), ("b", rand(1, 8, seed=3))]
+    outs = [("y", F, [1, 2, 4]), ("seq", F, [5, 1, 2, 4])]
+    return _model(nodes, [("x", F, [5, 2, 8])], outs, inits), "RNN"
 
 
 def resize_cubic_scales():
@@ -50,28 +52,29 @@ def resize_cubic_scales():
     return _model([node], [("x", F, [1, 2, 4, 4])], [("y", F, [1, 2, 8, 8])], [("s", scales)], 13), "Resize"
 
 
-def scatternd_weight():
-    """ScatterND with constant indices (baked) and constant updates large enough to be a weight."""
+def grid_sample_weight():
+    """GridSample with a constant grid large enough to be a weight, then a fusible op."""
     nodes = [
-        helper.make_node("ScatterND", ["x", "idx", "upd"], ["s"]),
+        helper.make_node("GridSample", ["x", "grid"], ["s"]),
         helper.make_node("Tanh", ["s"], ["y"]),
     ]
-    inits = [("idx", np.array([[0], [2]], "int64")), ("upd", rand(2, 16, seed=3))]
-    return _model(nodes, [("x", F, [4, 16])], [("y", F, [4, 16])], inits, 16), "ScatterND"
+    grid = np.random.default_rng(0).uniform(-1, 1, (1, 3, 3, 2)).astype("float32")
+    return _model(nodes, [("x", F, [1, 2, 4, 4])], [("y", F, [1, 2, 3, 3])], [("grid", grid)], 16), "GridSample"
 
 
-def topk_indices_only():
-    """TopK (opset 1: k an attribute) whose values are never read: the kernel writes one of its
-    two outputs, which must be the indices."""
-    node = helper.make_node("TopK", ["x"], ["v", "i"], k=3)
-    return _model([node], [("x", F, [2, 7])], [("i", I64, [2, 3])], opset=9), "TopK"
+def rnn_last_state_only():
+    """An RNN whose sequence output is never read: the kernel writes one of its two outputs, which
+    must be the last hidden state."""
+    node = helper.make_node("RNN", ["x", "w", "rec"], ["seq", "h"], hidden_size=3)
+    inits = [("w", rand(1, 3, 6, seed=1) * 0.3), ("rec", rand(1, 3, 3, seed=2) * 0.3)]
+    return _model([node], [("x", F, [4, 2, 6])], [("h", F, [1, 2, 3])], inits), "RNN"
 
 
 MODELS = {
-    "topk_k": topk_k_initializer,
+    "rnn_weights": rnn_weights,
     "resize_cubic": resize_cubic_scales,
-    "scatternd_weight": scatternd_weight,
-    "topk_indices_only": topk_indices_only,
+    "grid_sample_weight": grid_sample_weight,
+    "rnn_last_state_only": rnn_last_state_only,
 }
 
 
@@ -92,9 +95,9 @@ def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
     model, op = MODELS[case]()
     spec, inputs, weights = _opaque_spec(model)
     assert spec.graph.nodes[0].a["op_type"] == op
-    if case in ("topk_k", "resize_cubic", "scatternd_weight"):
-        assert spec.graph.constants, "the constant input should be baked into the kernel"
-    if case == "scatternd_weight":
+    if case in ("rnn_weights", "resize_cubic"):
+        assert spec.graph.constants, "the small constant input should be baked into the kernel"
+    if case in ("rnn_weights", "grid_sample_weight"):
         assert weights, "the large constant should be a weight input"
     want = reference.run(spec.graph, dict(zip(spec.graph.inputs, inputs)))
     backend = OnnxRuntimeBackend()
@@ -126,22 +129,23 @@ def test_plan_with_an_opaque_kernel_survives_save_and_load(tmp_path):
     """The loaded plan compiles its kernels again (korch.runtime, weights baked in)."""
     from korch.plan import Plan
 
-    model, _ = scatternd_weight()
+    model, _ = rnn_weights()
     options = OptimizeOptions(
         backends=("onnxruntime",), min_time=0.002, progress=False, seeds=False, cache=tmp_path / "p.sqlite"
     )
     optimize(model, options=options).save(tmp_path / "plan")
     plan = Plan.load(tmp_path / "plan")
-    x = rand(4, 16, seed=5)
-    (y,) = plan(torch.as_tensor(x))
-    want = check.onnxruntime_outputs(model, {"x": x})["y"]
-    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-4, atol=1e-5)
+    x = rand(5, 2, 8, seed=5)
+    got = plan(torch.as_tensor(x))
+    want = check.onnxruntime_outputs(model, {"x": x})
+    for y, name in zip(got, ("y", "seq")):
+        np.testing.assert_allclose(np.asarray(y), want[name], rtol=1e-4, atol=1e-5)
 
 
 def test_onnxruntime_declines_an_opaque_operator_among_others():
     """The whole primitive graph as one kernel cannot splice an opaque operator's model (an opset
     of its own) into ONNX at opset 18: declined up front rather than a failed compile."""
-    model, _ = topk_k_initializer()
+    model, _ = rnn_weights()
     graph = korch.fission(model).graph
     spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
     assert "opaque" in OnnxRuntimeBackend().supports(spec, "cpu")

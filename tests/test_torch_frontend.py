@@ -11,6 +11,7 @@ import korch
 from korch import check, reference
 from korch.errors import KorchError
 from korch.frontend.torch_import import import_torch
+from korch.prims import Prim
 
 
 class Fn(nn.Module):
@@ -46,6 +47,23 @@ def rand(*shape, seed=0):
 
 X = rand(2, 3, 6, 6)
 V = rand(2, 5, 8)
+
+
+def _assigned(x, i):
+    """Assignments through indices, masks and slices (index_put, slice_scatter, copy)."""
+    y = x.clone()
+    y[:, i] = 7.0  # (index tensors next to each other: the batch stays in place)
+    y[1, i, 2:4] += 1.5
+    y[i % 2, :, i] = -2.0  # (separated by a slice: the batch moves in front)
+    y.index_put_((torch.tensor([1, 1, 0]),), x[0, 0] + 1.0, accumulate=True)
+    y[x > 1] = 0.0
+    y[x < -1] = x[0, 0, 0] * 3  # (a 0-d tensor value; += would read y[mask], of data-dependent shape)
+    y[:, x[1] > 0.5] = x[:, 0, :1]  # (one value per leading index, broadcast over the masked ones)
+    y.index_put_((x > 1.5,), torch.tensor(0.25), accumulate=True)
+    y[:, 1:3] = 0.5
+    y[..., ::3] = y[..., 1::3] * 2
+    return y
+
 
 # one entry per ATen op family: (id, function, inputs)
 OPS = [
@@ -148,6 +166,75 @@ OPS = [
         (V,),
     ),
     ("index_2d", lambda x: x[:, :, torch.tensor([[0], [2]]), torch.tensor([1, 3, 5])], (X,)),
+    ("index_put", lambda x, i: _assigned(x, i), (V, torch.tensor([4, 0, -2]))),
+    (
+        "scatters",
+        lambda x, i: (
+            x.scatter(1, i.abs().view(1, 3, 1).expand(2, 3, 8), 2.0),
+            x.scatter_add(2, (i.abs() * 3 % 8).view(1, 1, 3).expand(2, 5, 3), x[:, :, :3]),
+            x.scatter(0, torch.tensor([[[1, 0, 1, 1, 0, 0, 1, 0]]]), x[:1] + 1, reduce="multiply"),
+            *[
+                x.scatter_reduce(
+                    1,
+                    torch.tensor([[[0, 1, 0, 1, 4, 4, 2, 0]]]).expand(2, 2, 8),
+                    x[:, :2] * 3,
+                    r,
+                    include_self=s,
+                )
+                for r in ("sum", "prod", "mean", "amax", "amin")
+                for s in (True, False)
+            ],
+            (x * 4)
+            .int()
+            .scatter_reduce(2, torch.tensor([[[1, 1, 5]]]).expand(2, 5, 3), (x[:, :, :3] * 9).int(), "mean"),
+        ),
+        (V, torch.tensor([4, 0, -2])),
+    ),
+    (
+        "index_ops",
+        lambda x, i: (
+            x.index_add(1, i.abs(), x[:, :3] * 2, alpha=0.5),
+            x.index_copy(2, torch.tensor([7, 0]), x[:, :, :2]),
+            x.index_fill(1, i, -1.0),
+            x.index_reduce(1, torch.tensor([1, 1, 3]), x[:, :3], "amax", include_self=False),
+            x.index_reduce(2, torch.tensor([0, 6, 0]), x[:, :, 2:5], "mean"),
+            x.put(torch.tensor([3, -1, 70]), torch.tensor([1.0, 2.0, 3.0])),
+            x.put(torch.tensor([3, 3]), torch.tensor([1.0, 2.0]), accumulate=True),
+            x.masked_scatter(x > 0, x * 10),
+        ),
+        (V, torch.tensor([4, 0, -2])),
+    ),
+    (
+        "sort_topk_median",
+        lambda x: (
+            *torch.sort(x, 1),
+            *torch.sort(x.round(), dim=0, descending=True, stable=True),
+            *torch.topk(x, 2),
+            *torch.topk(x, 3, 1, largest=False),
+            *torch.kthvalue(x, 2, 2, keepdim=True),
+            torch.argsort(x, -1),
+            x.msort(),
+            *torch.median(x, 1),
+            *torch.nanmedian(x.log(), 2),
+            torch.median(x),
+        ),
+        (V,),
+    ),
+    (
+        "diagonals_cumprod",
+        lambda x: (
+            torch.diagonal(x),
+            torch.diagonal(x, 1, 1, 2),
+            torch.diagonal(x, -2, 2, 0),
+            torch.diagonal_scatter(x, torch.ones(2, 5), 1, 1, 2),
+            torch.diagonal_scatter(x, torch.ones(5, 2), -1, 2, 0),
+            torch.diag(x[0]),
+            x[0].diagonal(9),
+            torch.cumprod(x, 1),
+            torch.cumprod((x * 3).int(), -1),
+        ),
+        (V,),
+    ),
     (
         "arange_full",
         lambda x: x + torch.arange(8.0) + torch.full((5, 8), 0.5) + torch.zeros_like(x) + 1,
@@ -372,6 +459,32 @@ def test_optimize_module_matches_eager(make, shape, torch_cache, tmp_path):
     loaded = korch.load(plan.save(tmp_path / "plan"))
     assert loaded.oracle == "the reference executor" and loaded.verify() <= 1e-4
     np.testing.assert_allclose(loaded(x.numpy())[0], want, rtol=1e-4, atol=1e-5)
+
+
+class TopKScatter(nn.Module):
+    """Top scores written back by a scatter, an index input added in place, a running product of
+    sorted values: plans with argsort and scatter kernels."""
+
+    def forward(self, x, idx):
+        scores = x.softmax(-1)
+        top, where = scores.topk(4, dim=-1)
+        y = torch.zeros_like(scores).scatter(-1, where, top)
+        y[:, idx] += 1.0
+        return y, torch.sort(x, dim=1, descending=True).values.cumprod(1)
+
+
+@pytest.mark.parametrize("backends", [("onnxruntime",), ("inductor",)])
+def test_optimize_sorts_and_scatters_with_an_index_input(backends, torch_cache):
+    module = TopKScatter().eval()
+    x, idx = rand(3, 10), torch.tensor([4, 0, 4, -1])
+    plan = korch.optimize(module, (x, idx), **{**fast_options(torch_cache), "backends": backends})
+    prims = {n.prim for k in plan.kernels for n in k.spec.graph.nodes}
+    assert {Prim.ARGSORT, Prim.SCATTER} <= prims
+    with torch.no_grad():
+        want = module(x, idx)
+    for got, w in zip(plan(x, idx), want):
+        assert check.rel_err(got.numpy(), w.numpy()) <= 1e-5
+    assert plan.verify() <= 1e-5  # (random indices, drawn inside the dimension they index)
 
 
 def test_optimize_module_needs_example_inputs():

@@ -61,6 +61,25 @@ def _mismatch(got: np.ndarray, want: torch.Tensor) -> str | None:
     return f"relative error {err:.3g}" if err > TOLERANCE else None
 
 
+# operators that leave the order of equal values open (torch's sort is not stable unless asked):
+# their indices must pick the same values as eager's, along some axis, not be the same
+UNSTABLE = ("sort", "argsort", "topk", "kthvalue", "msort")
+
+
+def _same_picks(x: torch.Tensor, got: np.ndarray, want: torch.Tensor) -> bool:
+    got = torch.from_numpy(got)
+    if got.shape != want.shape:
+        return False
+    for axis in range(x.dim()):
+        picks = [i.unsqueeze(axis) if i.dim() < x.dim() else i for i in (got, want)]  # (kthvalue)
+        try:
+            if torch.equal(*(torch.take_along_dim(x, i, axis) for i in picks)):
+                return True
+        except (RuntimeError, IndexError):
+            continue
+    return False
+
+
 @pytest.mark.parametrize("op,dtype", CASES)
 def test_aten_lowering_matches_eager_or_refuses(op, dtype):
     try:
@@ -95,6 +114,13 @@ def test_aten_lowering_matches_eager_or_refuses(op, dtype):
         assert len(got) == len(want), f"sample {k}: {len(got)} outputs, eager {len(want)}"
         for name, w in zip(result.graph.output_names, want):
             problem = _mismatch(got[name], w)
+            if (
+                problem
+                and op.name in UNSTABLE
+                and w.dtype == torch.int64
+                and _same_picks(sample.input, got[name], w)
+            ):
+                problem = None
             assert problem is None, f"sample {k} ({sample.summary()}), output {name}: {problem}"
         lowered += 1
     if not lowered:

@@ -153,6 +153,16 @@ def _emit(w: _Writer, node, elide: set[str]) -> None:
         if node.prim is Prim.CONV_TRANSPOSE:
             attrs["output_padding"] = list(a["output_padding"])
         w.add("Conv" if node.prim is Prim.CONV else "ConvTranspose", ins, [out], **attrs)
+    elif node.prim is Prim.SCATTER:
+        rows = w.const(np.array([-1, 1], "int64"), "rows")
+        index = f"{out}_index"
+        w.add("Cast", [ins[1]], [f"{out}_long"], to=onnx.TensorProto.INT64)
+        w.add("Reshape", [f"{out}_long", rows], [index])
+        w.add("ScatterND", [ins[0], index, ins[2]], [out], reduction=a["reduction"])
+    elif node.prim is Prim.ARGSORT:
+        k = w.const(np.array([g.types[out].shape[a["axis"]]], "int64"), "k")
+        largest = int(a["descending"])
+        w.add("TopK", [ins[0], k], [f"{out}_values", out], axis=a["axis"], largest=largest, sorted=1)
     else:
         raise NotImplementedError(f"{node.prim.value} has no ONNX equivalent")
 

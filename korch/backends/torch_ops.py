@@ -142,6 +142,17 @@ def _window(x, a):
     return x[tuple(dilate)]
 
 
+_SCATTER_REDUCE = {"mul": "prod", "max": "amax", "min": "amin"}
+
+
+def _scatter(data, index, updates, reduction: str):
+    index = index.long()
+    if reduction in ("none", "add"):
+        return data.index_put((index,), updates, accumulate=reduction == "add")
+    rows = index.view(-1, *[1] * (updates.dim() - 1)).expand_as(updates)
+    return data.scatter_reduce(0, rows, updates, _SCATTER_REDUCE[reduction], include_self=True)
+
+
 def _conv(x, w, a):
     nd = w.dim() - 2
     pads = a["pads"]
@@ -179,6 +190,7 @@ def apply(prim: Prim, xs: Sequence[torch.Tensor], a: dict) -> list[torch.Tensor]
         Prim.REDUCE_PROD: lambda: _reduce_prod(xs[0], a),
         Prim.ARGMAX: lambda: torch.argmax(xs[0], dim=a["axis"], keepdim=True),
         Prim.ARGMIN: lambda: torch.argmin(xs[0], dim=a["axis"], keepdim=True),
+        Prim.ARGSORT: lambda: torch.argsort(xs[0], dim=a["axis"], descending=a["descending"], stable=True),
         Prim.RESHAPE: lambda: xs[0].reshape(tuple(a["shape"])),
         Prim.TRANSPOSE: lambda: xs[0].permute(tuple(a["perm"])),
         Prim.SLICE: lambda: _slice(xs[0], a),
@@ -186,6 +198,7 @@ def apply(prim: Prim, xs: Sequence[torch.Tensor], a: dict) -> list[torch.Tensor]
         Prim.PAD: lambda: _pad(xs[0], a),
         Prim.GATHER: lambda: _gather(xs[0], xs[1], a),
         Prim.WINDOW: lambda: _window(xs[0], a),
+        Prim.SCATTER: lambda: _scatter(xs[0], xs[1], xs[2], a["reduction"]),
         Prim.MATMUL: lambda: torch.matmul(xs[0], xs[1]),
         Prim.CONV: lambda: _conv(xs[0], xs[1], a),
         Prim.CONV_TRANSPOSE: lambda: _conv_transpose(xs[0], xs[1], a),

@@ -7,6 +7,7 @@ from korch.frontend import (  # noqa: F401  (imported for their registrations)
     rules_linear,
     rules_pool,
     rules_reduce,
+    rules_scatter,
 )
 from korch.frontend.onnx_import import FissionResult, import_onnx, load_model
 

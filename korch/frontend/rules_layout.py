@@ -315,17 +315,17 @@ def trilu(ctx: Lowering, n: OnnxNode) -> list[str]:
 # ------------------------------------------------------------ indexed gathers
 
 
-def _strides(shape) -> list[int]:
+def row_strides(shape) -> list[int]:
     """Row-major element strides of a shape."""
     return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
 
 
-def _index_dtype(dtype: str, bound: int) -> str:
+def index_dtype(dtype: str, bound: int) -> str:
     """The dtype flat indices below `bound` need: the given one while it holds them, else int64."""
     return dtype if dtype in ("int32", "int64") and bound <= np.iinfo(dtype).max else "int64"
 
 
-def _wrap_negative(ctx: Lowering, idx: str, dims) -> str:
+def wrap_negative(ctx: Lowering, idx: str, dims) -> str:
     """Negative indices count from the end: idx + dims where idx < 0 (dims broadcasts against idx)."""
     dtype = ctx.dtype(idx)
     value = ctx.const_value(idx)
@@ -336,7 +336,7 @@ def _wrap_negative(ctx: Lowering, idx: str, dims) -> str:
     return ctx.elementwise(Prim.WHERE, negative, shifted, idx)
 
 
-def _affine(ctx: Lowering, idx: str, scale, offset: np.ndarray) -> str:
+def affine_index(ctx: Lowering, idx: str, scale, offset: np.ndarray) -> str:
     """idx * scale + offset (scale and offset broadcast against idx), folded when idx is a constant."""
     dtype = ctx.dtype(idx)
     value = ctx.const_value(idx)
@@ -380,38 +380,43 @@ def gather_elements_core(ctx: Lowering, data: str, idx: str, axis: int) -> str:
     if rank == 1:
         return ctx.emit(Prim.GATHER, data, idx, axis=0)
     numel = ctx.type(data).numel
-    idx = ctx.cast(idx, _index_dtype(ctx.dtype(idx), numel))
-    strides = _strides(shape)
+    idx = ctx.cast(idx, index_dtype(ctx.dtype(idx), numel))
+    strides = row_strides(shape)
     coords = np.indices(tuple(1 if k == axis else d for k, d in enumerate(ishape)), dtype="int64")
     offset = sum(c * s for k, (c, s) in enumerate(zip(coords, strides)) if k != axis)
-    flat = _affine(ctx, _wrap_negative(ctx, idx, shape[axis]), strides[axis], offset)
+    flat = affine_index(ctx, wrap_negative(ctx, idx, shape[axis]), strides[axis], offset)
     return ctx.emit(Prim.GATHER, ctx.reshape(data, (numel,)), flat, axis=0)
 
 
 @fission("GatherND", 11, 12, 13)
 def gather_nd(ctx: Lowering, n: OnnxNode) -> list[str]:
-    """Index tuples become flat rows of the data viewed as [batch * indexed block, *rest]:
-    flat = sum(wrap(index) * block strides) + batch offset, then one gather along axis 0."""
+    """Index tuples become flat rows of the data viewed as [batch * indexed block, *rest], then one
+    gather along axis 0."""
     data, idx = n.inputs[:2]
+    rows, flat_shape = nd_rows(ctx, data, idx, n.attr("batch_dims", 0), "GatherND")
+    return [ctx.emit(Prim.GATHER, ctx.reshape(data, flat_shape), rows, axis=0)]
+
+
+def nd_rows(ctx: Lowering, data: str, idx: str, b: int, op: str) -> tuple[str, tuple[int, ...]]:
+    """GatherND's and ScatterND's index tuples (the last axis of idx, after b batch axes) as rows of
+    the data viewed as [batch * indexed block, *rest]: flat = sum(wrap(index) * block strides) +
+    batch offset. Returns the rows (idx's shape less its last axis) and that view's shape."""
     shape, ishape = ctx.shape(data), ctx.shape(idx)
-    b = n.attr("batch_dims", 0)
     m = ishape[-1] if ishape else 0
     if not (0 <= b < min(len(shape), len(ishape)) and ishape[:b] == shape[:b] and 1 <= m <= len(shape) - b):
-        raise KorchError(f"GatherND indices {list(ishape)} do not fit data {list(shape)} (batch_dims {b})")
+        raise KorchError(f"{op} indices {list(ishape)} do not fit data {list(shape)} (batch_dims {b})")
     inner, rest = shape[b : b + m], shape[b + m :]
-    idx = ctx.cast(idx, _index_dtype(ctx.dtype(idx), math.prod(shape[: b + m])))
-    wrapped = _wrap_negative(ctx, idx, np.array(inner))
+    idx = ctx.cast(idx, index_dtype(ctx.dtype(idx), math.prod(shape[: b + m])))
+    wrapped = wrap_negative(ctx, idx, np.array(inner))
     if m == 1:
         rows = ctx.reshape(wrapped, ishape[:-1])
     else:
-        scaled = _affine(ctx, wrapped, np.array(_strides(inner)), np.zeros((), "int64"))
+        scaled = affine_index(ctx, wrapped, np.array(row_strides(inner)), np.zeros((), "int64"))
         rows = ctx.reduce(Prim.REDUCE_SUM, scaled, [len(ishape) - 1], keepdims=False)
     batch = np.indices(ishape[:b], dtype="int64")
-    offset = sum((c * s for c, s in zip(batch, _strides(ishape[:b]))), np.zeros((), "int64"))
+    offset = sum((c * s for c, s in zip(batch, row_strides(ishape[:b]))), np.zeros((), "int64"))
     offset = np.reshape(offset * math.prod(inner), ishape[:b] + (1,) * (len(ishape) - 1 - b))
-    rows = _affine(ctx, rows, 1, offset)
-    flat_data = ctx.reshape(data, (math.prod(shape[: b + m]), *rest))
-    return [ctx.emit(Prim.GATHER, flat_data, rows, axis=0)]
+    return affine_index(ctx, rows, 1, offset), (math.prod(shape[: b + m]), *rest)
 
 
 @fission("OneHot", 9, 11)
@@ -432,8 +437,8 @@ def one_hot(ctx: Lowering, n: OnnxNode) -> list[str]:
         raise KorchError(f"OneHot axis {axis} out of range for rank {rank}")
     axis = axis + rank + 1 if axis < 0 else axis
     # float indices truncate (as ONNX Runtime's cast does); small integer types widen so +depth fits
-    idx = ctx.cast(idx, _index_dtype(ctx.dtype(idx), depth))
-    idx = _wrap_negative(ctx, idx, depth)
+    idx = ctx.cast(idx, index_dtype(ctx.dtype(idx), depth))
+    idx = wrap_negative(ctx, idx, depth)
     idx = ctx.reshape(idx, ishape[:axis] + (1,) + ishape[axis:])
     classes = np.arange(depth, dtype=ctx.dtype(idx)).reshape((depth,) + (1,) * (rank - axis))
     hot = ctx.elementwise(Prim.EQ, idx, ctx.const(classes))
@@ -499,6 +504,6 @@ def reverse_sequence(ctx: Lowering, n: OnnxNode) -> list[str]:
         inside = ctx.elementwise(Prim.LT, ctx.const(time), lengths)
         reversed_ = ctx.elementwise(Prim.SUB, lengths, ctx.const(time + 1))
         source = ctx.elementwise(Prim.WHERE, inside, reversed_, ctx.const(time))
-        rows = _affine(ctx, source, time_stride, batch_part)
+        rows = affine_index(ctx, source, time_stride, batch_part)
     flat = ctx.reshape(x, (shape[0] * shape[1], *shape[2:]))
     return [ctx.emit(Prim.GATHER, flat, rows, axis=0)]

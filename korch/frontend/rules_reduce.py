@@ -363,3 +363,34 @@ def cumsum_core(ctx: Lowering, x: str, axis: int, reverse: bool = False, exclusi
     moved = ctx.transpose(x, perm)
     y = matmul(ctx, moved, ctx.const(keep.astype(ctx.dtype(x))))
     return ctx.transpose(y, np.argsort(perm))
+
+
+@fission("CumProd", 26)
+def cumprod(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    (axis,) = ctx.ints(n.inputs[1], "CumProd axis")
+    reverse, exclusive = bool(n.attr("reverse", 0)), bool(n.attr("exclusive", 0))
+    return [scan_core(ctx, x, axis, Prim.MUL, 1, reverse, exclusive)]
+
+
+def scan_core(
+    ctx: Lowering, x: str, axis: int, prim: Prim, identity, reverse: bool = False, exclusive: bool = False
+) -> str:
+    """A running product (or any associative elementwise prim) along axis in log2(length) steps:
+    each combines every element with the one `shift` places before it (identity where there is
+    none), shift doubling (Hillis and Steele). No triangular matmul, so zeros and signs stay exact."""
+    rank = ctx.rank(x)
+    (axis,) = normalize_axes([axis], rank)
+    length = ctx.shape(x)[axis]
+
+    def shifted(v: str, shift: int) -> str:
+        kept = ctx.slice_axis(v, axis, 0 if not reverse else shift, length - shift)
+        pads = [0] * (2 * rank)
+        pads[axis + (rank if reverse else 0)] = shift
+        return ctx.emit(Prim.PAD, kept, pads=tuple(pads), mode="constant", value=identity)
+
+    y, shift = x, 1
+    while shift < length:
+        y = ctx.elementwise(prim, y, shifted(y, shift))
+        shift *= 2
+    return shifted(y, 1) if exclusive and length else y
