@@ -40,7 +40,11 @@ def rnn_weights():
         helper.make_node("RNN", ["r", "w", "rec", "b"], ["seq", "h"], hidden_size=4),
         helper.make_node("Exp", ["h"], ["y"]),
     ]
-    inits = [("w", rand(1, 4, 8, seed=1) * 0.3), ("rec", rand(1, 4, 4, seed=2) * 0.3), ("b", rand(1, 8, seed=3))]
+    inits = [
+        ("w", rand(1, 4, 8, seed=1) * 0.3),
+        ("rec", rand(1, 4, 4, seed=2) * 0.3),
+        ("b", rand(1, 8, seed=3)),
+    ]
     outs = [("y", F, [1, 2, 4]), ("seq", F, [5, 1, 2, 4])]
     return _model(nodes, [("x", F, [5, 2, 8])], outs, inits), "RNN"
 
@@ -59,7 +63,9 @@ def grid_sample_weight():
         helper.make_node("Tanh", ["s"], ["y"]),
     ]
     grid = np.random.default_rng(0).uniform(-1, 1, (1, 3, 3, 2)).astype("float32")
-    return _model(nodes, [("x", F, [1, 2, 4, 4])], [("y", F, [1, 2, 3, 3])], [("grid", grid)], 16), "GridSample"
+    return _model(
+        nodes, [("x", F, [1, 2, 4, 4])], [("y", F, [1, 2, 3, 3])], [("grid", grid)], 16
+    ), "GridSample"
 
 
 def rnn_last_state_only():

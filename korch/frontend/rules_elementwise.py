@@ -443,9 +443,7 @@ def _log_twice(ctx: Lowering, x: str) -> str:
     return ctx.elementwise(Prim.ADD, ctx.unary(Prim.LOG, x), _s(ctx, x, _LN2))
 
 
-@fission("Tan", 7, 22)
-@_in_float32
-def tan(ctx: Lowering, x: str) -> str:
+def tan_core(ctx: Lowering, x: str) -> str:
     return ctx.elementwise(Prim.DIV, ctx.unary(Prim.SIN, x), ctx.unary(Prim.COS, x))
 
 
@@ -477,9 +475,7 @@ def _half_exps(ctx: Lowering, x: str) -> tuple[str, str]:
     return up, down
 
 
-@fission("Sinh", 9, 22)
-@_in_float32
-def sinh(ctx: Lowering, x: str) -> str:
+def sinh_core(ctx: Lowering, x: str) -> str:
     """2t / (1 - t^2) with t = tanh(x/2) for |x| < 1 (no cancellation near 0), else exp differences."""
     t = ctx.unary(Prim.TANH, ctx.elementwise(Prim.MUL, x, _s(ctx, x, 0.5)))
     one_minus = ctx.elementwise(Prim.SUB, _s(ctx, x, 1), ctx.elementwise(Prim.MUL, t, t))
@@ -489,15 +485,11 @@ def sinh(ctx: Lowering, x: str) -> str:
     return ctx.elementwise(Prim.WHERE, is_small, small, large)
 
 
-@fission("Cosh", 9, 22)
-@_in_float32
-def cosh(ctx: Lowering, x: str) -> str:
+def cosh_core(ctx: Lowering, x: str) -> str:
     return ctx.elementwise(Prim.ADD, *_half_exps(ctx, x))
 
 
-@fission("Asinh", 9, 22)
-@_in_float32
-def asinh(ctx: Lowering, x: str) -> str:
+def asinh_core(ctx: Lowering, x: str) -> str:
     """sign(x) * log1p(a + a^2 / (1 + sqrt(1 + a^2))) with a = |x|; log(2a) for huge a."""
     a = ctx.unary(Prim.ABS, x)
     sq = ctx.elementwise(Prim.MUL, a, a)
@@ -509,9 +501,7 @@ def asinh(ctx: Lowering, x: str) -> str:
     return ctx.elementwise(Prim.MUL, ctx.unary(Prim.SIGN, x), magnitude)
 
 
-@fission("Acosh", 9, 22)
-@_in_float32
-def acosh(ctx: Lowering, x: str) -> str:
+def acosh_core(ctx: Lowering, x: str) -> str:
     """log1p(t + sqrt(t * (t + 2))) with t = x - 1 (exact near 1); log(2x) for huge x; NaN below 1."""
     t = ctx.elementwise(Prim.SUB, x, _s(ctx, x, 1))
     root = ctx.unary(Prim.SQRT, ctx.elementwise(Prim.MUL, t, ctx.elementwise(Prim.ADD, t, _s(ctx, x, 2))))
@@ -523,12 +513,21 @@ def acosh(ctx: Lowering, x: str) -> str:
     return ctx.elementwise(Prim.WHERE, below, _s(ctx, x, math.nan), y)
 
 
-@fission("Atanh", 9, 22)
-@_in_float32
-def atanh(ctx: Lowering, x: str) -> str:
+def atanh_core(ctx: Lowering, x: str) -> str:
     """(log1p(x) - log1p(-x)) / 2: no cancellation near 0, +-inf at +-1, NaN beyond."""
     diff = ctx.elementwise(Prim.SUB, log1p_core(ctx, x), log1p_core(ctx, ctx.unary(Prim.NEG, x)))
     return ctx.elementwise(Prim.MUL, diff, _s(ctx, x, 0.5))
+
+
+for _op, _since, _core in (
+    ("Tan", 7, tan_core),
+    ("Sinh", 9, sinh_core),
+    ("Cosh", 9, cosh_core),
+    ("Asinh", 9, asinh_core),
+    ("Acosh", 9, acosh_core),
+    ("Atanh", 9, atanh_core),
+):
+    fission(_op, _since, 22)(_in_float32(_core))
 
 
 @fission("Swish", 24)

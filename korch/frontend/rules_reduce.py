@@ -374,11 +374,12 @@ def cumprod(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 
 def scan_core(
-    ctx: Lowering, x: str, axis: int, prim: Prim, identity, reverse: bool = False, exclusive: bool = False
+    ctx: Lowering, x: str, axis: int, combine, identity, reverse: bool = False, exclusive: bool = False
 ) -> str:
-    """A running product (or any associative elementwise prim) along axis in log2(length) steps:
-    each combines every element with the one `shift` places before it (identity where there is
-    none), shift doubling (Hillis and Steele). No triangular matmul, so zeros and signs stay exact."""
+    """A running product (or any associative step: an elementwise prim, or a function (ctx, a, b)
+    of its own) along axis in log2(length) steps: each combines every element with the one `shift`
+    places before it (identity where there is none), shift doubling (Hillis and Steele). No
+    triangular matmul, so zeros and signs stay exact."""
     rank = ctx.rank(x)
     (axis,) = normalize_axes([axis], rank)
     length = ctx.shape(x)[axis]
@@ -391,6 +392,7 @@ def scan_core(
 
     y, shift = x, 1
     while shift < length:
-        y = ctx.elementwise(prim, y, shifted(y, shift))
+        before = shifted(y, shift)
+        y = combine(ctx, y, before) if callable(combine) else ctx.elementwise(combine, y, before)
         shift *= 2
     return shifted(y, 1) if exclusive and length else y

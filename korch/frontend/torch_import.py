@@ -12,7 +12,12 @@ from typing import Any
 import numpy as np
 
 from korch.errors import KorchError, Unsupported, error_line
-from korch.frontend import torch_rules_index, torch_rules_math, torch_rules_shape  # noqa: F401  (registrations)
+from korch.frontend import (  # noqa: F401  (registrations)
+    torch_rules_functions,
+    torch_rules_index,
+    torch_rules_math,
+    torch_rules_shape,
+)
 from korch.frontend.aten_lowering import ATEN_RULES, AtenNode, TorchLowering, meta_type, torch_dtype_name
 from korch.frontend.lowering import Lowering
 from korch.frontend.onnx_import import FissionResult

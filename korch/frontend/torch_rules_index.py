@@ -10,6 +10,7 @@ import numpy as np
 from korch.errors import KorchError
 from korch.frontend.aten_lowering import AtenNode, aten, operand, vector
 from korch.frontend.lowering import Lowering, normalize_axes
+from korch.frontend.rules_elementwise import log1p_core
 from korch.frontend.rules_layout import gather_elements_core, row_strides, take, wrap_negative
 from korch.frontend.rules_reduce import scan_core
 from korch.frontend.rules_scatter import scatter_elements_core, scatter_rows, sort_core
@@ -330,3 +331,102 @@ def median(ctx: Lowering, n: AtenNode) -> str | list[str]:
 def cumprod(ctx: Lowering, n: AtenNode) -> str:
     x = vector(ctx, ctx.cast(n["self"], n.out.dtype))
     return ctx.reshape(scan_core(ctx, x, n["dim"], Prim.MUL, 1), n.out.shape)
+
+
+@aten("aten.cummax.default", "aten.cummin.default")
+def cummax(ctx: Lowering, n: AtenNode) -> list[str]:
+    """Running max (min) and the index of the value it holds: the last place i <= j where x[i]
+    equals the running value at i (a tie moves it, as in torch) or is NaN (NaN wins and stays)."""
+    x = vector(ctx, n["self"])
+    dtype = ctx.dtype(x)
+    work = ctx.cast(x, "int32") if dtype == "bool" else x
+    prim = Prim.MAX if "cummax" in n.target else Prim.MIN
+    (axis,) = normalize_axes([n["dim"]], ctx.rank(work))
+    values = scan_core(
+        ctx, work, axis, prim, _identity("amax" if prim is Prim.MAX else "amin", ctx.dtype(work))
+    )
+    record = ctx.elementwise(Prim.EQ, work, values)
+    if ctx.dtype(work).startswith("float"):
+        record = ctx.elementwise(Prim.OR, record, ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, work, work)))
+    length = ctx.shape(work)[axis]
+    places = ctx.const(np.arange(length, dtype="int64").reshape([length] + [1] * (ctx.rank(work) - axis - 1)))
+    latest = ctx.elementwise(Prim.WHERE, record, places, ctx.scalar(0, "int64"))
+    order = scan_core(ctx, latest, axis, Prim.MAX, 0)
+    return [
+        ctx.reshape(ctx.cast(values, dtype), n.out_types[0].shape),
+        ctx.reshape(order, n.out_types[1].shape),
+    ]
+
+
+@aten("aten.logcumsumexp.default")
+def logcumsumexp(ctx: Lowering, n: AtenNode) -> str:
+    """A scan whose step is logaddexp: m + log1p(exp(-|a - b|)), m = max(a, b) (exact where one
+    term is -inf, infinite where m is)."""
+    x = vector(ctx, ctx.cast(n["self"], n.out.dtype))
+
+    def logaddexp(ctx: Lowering, a: str, b: str) -> str:
+        m = ctx.elementwise(Prim.MAX, a, b)
+        gap = ctx.unary(Prim.NEG, ctx.unary(Prim.ABS, ctx.elementwise(Prim.SUB, a, b)))
+        y = ctx.elementwise(Prim.ADD, m, log1p_core(ctx, ctx.unary(Prim.EXP, gap)))
+        infinite = ctx.elementwise(Prim.EQ, ctx.unary(Prim.ABS, m), ctx.scalar(math.inf, ctx.dtype(m)))
+        return ctx.elementwise(Prim.WHERE, infinite, m, y)
+
+    return ctx.reshape(scan_core(ctx, x, n["dim"], logaddexp, -math.inf), n.out.shape)
+
+
+@aten("aten.bucketize.Tensor", "aten.searchsorted.Tensor")
+def bucketize(ctx: Lowering, n: AtenNode) -> str:
+    """How many boundaries lie below each value (at or below it with right=True): a comparison
+    with every boundary and a sum (a NaN value is above them all, as torch sorts it)."""
+    if "bucketize" in n.target:
+        x, bounds, right = n["self"], n["boundaries"], n["right"]
+    else:
+        x, bounds = n["self"], n["sorted_sequence"]
+        right = n["right"] or n.get("side") == "right"
+        if n.get("sorter") is not None:
+            raise KorchError("searchsorted with a sorter is not supported")
+    common = str(np.result_type(ctx.dtype(x), ctx.dtype(bounds)))
+    values = ctx.reshape(ctx.cast(x, common), ctx.shape(x) + (1,))
+    bounds = ctx.cast(bounds, common)
+    if ctx.rank(bounds) > 1:  # (one sorted sequence per leading index: [*lead, K, 1] against [*lead, 1, M])
+        bounds = ctx.reshape(bounds, ctx.shape(bounds)[:-1] + (1, ctx.shape(bounds)[-1]))
+    if right:
+        hit = ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, values, bounds))  # b <= x, and NaN
+    else:
+        hit = ctx.elementwise(Prim.GT, values, bounds)  # b < x
+        if common.startswith("float"):
+            hit = ctx.elementwise(Prim.OR, hit, ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, values, values)))
+    count = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(hit, "int64"), [ctx.rank(hit) - 1], keepdims=False)
+    return ctx.reshape(ctx.cast(count, n.out.dtype), n.out.shape)
+
+
+def _strided_places(ctx: Lowering, n: AtenNode) -> np.ndarray:
+    """The flat positions of an as_strided view of a contiguous tensor (torch indexes storage; a
+    korch value is the logical tensor, which is that storage when contiguous from offset 0)."""
+    source = n.vals.get("self")
+    if source is None or not source.is_contiguous() or source.storage_offset() != 0:
+        raise KorchError("as_strided of a non-contiguous tensor is not supported")
+    grid = np.indices(tuple(n["size"]), dtype="int64")
+    places = sum((g * s for g, s in zip(grid, n["stride"])), np.zeros(tuple(n["size"]), "int64"))
+    places = places + (n.get("storage_offset") or 0)
+    numel = ctx.type(n["self"]).numel
+    if places.size and (places.min() < 0 or places.max() >= numel):
+        raise KorchError(f"as_strided reaches outside the tensor's {numel} elements")
+    return places
+
+
+@aten("aten.as_strided.default", "aten.as_strided_copy.default")
+def as_strided(ctx: Lowering, n: AtenNode) -> str:
+    places = _strided_places(ctx, n)
+    flat = ctx.reshape(n["self"], (ctx.type(n["self"]).numel,))
+    return ctx.reshape(take(ctx, flat, 0, places), n.out.shape)
+
+
+@aten("aten.as_strided_scatter.default")
+def as_strided_scatter(ctx: Lowering, n: AtenNode) -> str:
+    places = _strided_places(ctx, n).reshape(-1)
+    x = n["self"]
+    flat = ctx.reshape(x, (ctx.type(x).numel,))
+    src = ctx.reshape(ctx.cast(n["src"], n.out.dtype), (places.size,))
+    out = scatter_rows(ctx, flat, 0, ctx.const(places), src, "none")
+    return ctx.reshape(out, n.out.shape)

@@ -363,6 +363,7 @@ _REDUCTIONS = {
     "max.default": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_MAX, x, axes),
     "min.default": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_MIN, x, axes),
     "prod.dim_int": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_PROD, x, axes),
+    "prod.default": lambda ctx, x, axes: ctx.reduce(Prim.REDUCE_PROD, x, axes),
 }
 for _op, _body in _REDUCTIONS.items():
     aten(f"aten.{_op}")(_reduce_rule(_body))

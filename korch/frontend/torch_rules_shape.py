@@ -24,12 +24,13 @@ from korch.prims import Prim
     "aten.squeeze.dim",
     "aten.squeeze.dims",
     "aten.flatten.using_ints",
+    "aten.view_copy.default",
 )
 def view(ctx: Lowering, n: AtenNode) -> str:
     return ctx.reshape(n["self"], n.out.shape)
 
 
-@aten("aten.permute.default")
+@aten("aten.permute.default", "aten.permute_copy.default")
 def permute(ctx: Lowering, n: AtenNode) -> str:
     rank = ctx.rank(n["self"])
     return ctx.transpose(n["self"], [d % rank if rank else 0 for d in n["dims"]])
@@ -90,7 +91,7 @@ def select(ctx: Lowering, n: AtenNode) -> str:
     return ctx.reshape(ctx.slice_axis(x, axis, index, 1), n.out.shape)
 
 
-@aten("aten.split_with_sizes.default", "aten.split.Tensor", "aten.unbind.int")
+@aten("aten.split_with_sizes.default", "aten.split.Tensor", "aten.unbind.int", "aten.unbind_copy.int")
 def split(ctx: Lowering, n: AtenNode) -> list[str]:
     x = n["self"]
     (axis,) = normalize_axes([n["dim"]], ctx.rank(x))
@@ -279,6 +280,33 @@ def addmm(ctx: Lowering, n: AtenNode) -> str:
         )
         y = ctx.elementwise(Prim.ADD, y, bias)
     return ctx.reshape(y, n.out.shape)
+
+
+def _scaled_sum(ctx: Lowering, n: AtenNode, product: str) -> str:
+    """beta * self + alpha * product, as addmm, addmv and addbmm define it (beta 0 ignores self)."""
+    dtype = ctx.dtype(product)
+    y = product if n["alpha"] == 1 else ctx.elementwise(Prim.MUL, product, ctx.scalar(n["alpha"], dtype))
+    if n["beta"] == 0:
+        return ctx.broadcast_to(y, n.out.shape)
+    bias = n["self"] if n["beta"] == 1 else ctx.elementwise(Prim.MUL, n["self"], ctx.scalar(n["beta"], dtype))
+    return ctx.elementwise(Prim.ADD, y, bias)
+
+
+@aten("aten.addmv.default")
+def addmv(ctx: Lowering, n: AtenNode) -> str:
+    vec = ctx.reshape(n["vec"], (ctx.shape(n["vec"])[0], 1))
+    product = ctx.reshape(ctx.emit(Prim.MATMUL, n["mat"], vec), n.out.shape)
+    return ctx.reshape(_scaled_sum(ctx, n, product), n.out.shape)
+
+
+@aten("aten.addbmm.default")
+def addbmm(ctx: Lowering, n: AtenNode) -> str:
+    """The sum over the batch of batch1[b] @ batch2[b] is one matmul of [n, B*m] by [B*m, p]."""
+    b, rows, inner = ctx.shape(n["batch1"])
+    cols = ctx.shape(n["batch2"])[2]
+    left = ctx.reshape(ctx.transpose(n["batch1"], (1, 0, 2)), (rows, b * inner))
+    product = ctx.emit(Prim.MATMUL, left, ctx.reshape(n["batch2"], (b * inner, cols)))
+    return ctx.reshape(_scaled_sum(ctx, n, product), n.out.shape)
 
 
 @aten("aten.convolution.default")
