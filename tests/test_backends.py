@@ -76,6 +76,13 @@ CASES = {
         {"kernel_shape": [4, 3, 2], "pads": [3, 1, 1, 2, 1, 1], "count_include_pad": 1},
         13,
     ),
+    "lppool": ("LpPool", [rand(1, 2, 9, 9)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "p": 3}, 18),
+    "grid_sample": (
+        "GridSample",
+        [rand(1, 2, 5, 6), rand(1, 3, 4, 2, seed=1) * 1.2],
+        {"padding_mode": "reflection"},
+        16,
+    ),
     "slice_neg": (
         "Slice",
         [
@@ -156,8 +163,9 @@ def test_backend_matches_reference(case, backend):
     spec, inputs, want = _whole_graph_spec(case)
     reason = b.supports(spec, "cpu")
     if reason is not None:
-        # an average pool that does not count its padding divides by a per-position count
-        assert backend != "onnxruntime" or case == "avgpool" and "window" in reason, reason
+        # an average pool that does not count its padding divides by a per-position count; an
+        # Lp pool sums powers over its windows: neither is an ONNX pool
+        assert backend != "onnxruntime" or case in ("avgpool", "lppool") and "window" in reason, reason
         return
     compiled = b.compile(spec, "cpu")
     outs = compiled.fn(*[to_tensor(x) for x in inputs])
@@ -240,8 +248,9 @@ def test_inductor_fuses_softmax_into_few_kernels():
     assert check_kernel(compiled.fn(*[torch.as_tensor(x) for x in inputs]), want, spec.graph) is None
 
 
-# ("avgpool" does not count its padding: it divides by a count per position, and stays a window)
-@pytest.mark.parametrize("case", [c for c in CASES if "pool" in c and c != "avgpool"])
+# ("avgpool" does not count its padding: it divides by a count per position, and stays a window;
+# "lppool" sums powers, which no aten pool does)
+@pytest.mark.parametrize("case", [c for c in CASES if "pool" in c and c not in ("avgpool", "lppool")])
 def test_inductor_gets_a_pool_as_aten_pool_not_a_window_loop(case):
     """Inductor compiles window + reduce as a loop over the window per output element (YOLOX's
     13x13 max pool: 13 ms against 1 as a pool), so a pool's primitives reach it as one aten pool."""

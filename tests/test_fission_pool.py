@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
-from helpers import Const, check_op, rand
+from helpers import Const, check_model, check_op, one_node_model, rand
+
+import korch
 
 POOLS = [
     {"kernel_shape": [2, 2], "strides": [2, 2]},
@@ -33,6 +35,35 @@ def test_max_pool_dilated_and_1d():
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 def test_average_pool(attrs, count_include_pad):
     check_op("AveragePool", [rand(1, 3, 9, 10)], {**attrs, "count_include_pad": count_include_pad}, opset=19)
+
+
+@pytest.mark.parametrize("attrs", POOLS)
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_lp_pool(attrs, p):
+    """A sum pool of |x|^p, then the p-th root; ceil_mode is new in opset 18."""
+    opset = 18 if "ceil_mode" in attrs else 11
+    check_op("LpPool", [rand(1, 3, 9, 10)], {**attrs, "p": p}, opset=opset)
+
+
+def test_lp_pool_dilated_1d_and_opset_2():
+    check_op("LpPool", [rand(1, 2, 9, 9)], {"kernel_shape": [2, 2], "dilations": [2, 2], "p": 3}, opset=18)
+    check_op("LpPool", [rand(2, 3, 11)], {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, opset=2)
+
+
+@pytest.mark.parametrize("align_corners", [0, 1])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("opset,mode", [(16, "bilinear"), (16, "nearest"), (20, "linear")])
+def test_grid_sample(align_corners, padding, opset, mode):
+    """A grid reaching three times past the edges: reflection mirrors more than once."""
+    grid = rand(2, 4, 6, 2, seed=1) * 3
+    attrs = {"mode": mode, "padding_mode": padding, "align_corners": align_corners}
+    check_op("GridSample", [rand(2, 3, 5, 7), grid], attrs, opset=opset)
+
+
+def test_grid_sample_bicubic_stays_opaque():
+    model, feeds = one_node_model("GridSample", [rand(1, 2, 4, 4), rand(1, 3, 3, 2)], {"mode": "bicubic"}, 16)
+    assert korch.fission(model).opaque
+    check_model(model, feeds, allow_opaque=True)
 
 
 @pytest.mark.parametrize(

@@ -221,6 +221,16 @@ OPS = [
         (V,),
     ),
     (
+        "grid_sample",
+        lambda x, g: [
+            F.grid_sample(x, g, mode=m, padding_mode=p, align_corners=a)
+            for m in ("bilinear", "nearest")
+            for p in ("zeros", "border", "reflection")
+            for a in (False, True)
+        ],
+        (X, rand(2, 4, 5, 2) * 1.5),
+    ),
+    (
         "math_library",
         lambda x: (
             torch.tan(x),

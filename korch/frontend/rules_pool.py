@@ -1,4 +1,4 @@
-"""Fission rules for windowed operators (MaxPool, AveragePool) and resampling (Resize, Upsample)."""
+"""Fission rules for windowed operators (MaxPool, AveragePool, LpPool) and resampling (Resize, Upsample)."""
 
 from __future__ import annotations
 
@@ -61,15 +61,22 @@ def max_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [max_pool_core(ctx, n.inputs[0], *_pool_geometry(ctx, n))]
 
 
+def _window_sum(ctx: Lowering, x: str, kernel, strides, pads, dilations, extra) -> str:
+    """pad (zeros, plus ceil_mode's extra room) -> window -> reduce_sum over the window axes."""
+    nd = len(kernel)
+    ends = [e + x_ for e, x_ in zip(pads[nd:], extra)]
+    win = _windows(ctx, x, kernel, strides, dilations, pads[:nd], ends, 0.0)
+    rank = ctx.rank(win)
+    return ctx.reduce(Prim.REDUCE_SUM, win, range(rank - nd, rank), keepdims=False)
+
+
 def avg_pool_core(ctx: Lowering, x, kernel, strides, pads, dilations, ceil_mode, count_include_pad) -> str:
     """pad (zeros) -> window -> reduce_sum, divided by how many window elements each output counts."""
     nd = len(kernel)
     sizes = ctx.shape(x)[-nd:]
     extra = _extra_pads(sizes, kernel, strides, pads, dilations, ceil_mode)
     begins, ends = pads[:nd], pads[nd:]
-    win = _windows(ctx, x, kernel, strides, dilations, begins, [e + x_ for e, x_ in zip(ends, extra)], 0.0)
-    rank = ctx.rank(win)
-    total = ctx.reduce(Prim.REDUCE_SUM, win, range(rank - nd, rank), keepdims=False)
+    total = _window_sum(ctx, x, kernel, strides, pads, dilations, extra)
     # divisor per output position: how many window elements lie inside the counted region
     mask = np.pad(np.ones(sizes), list(zip(begins, ends)), constant_values=1.0 if count_include_pad else 0.0)
     mask = np.pad(mask, [(0, e) for e in extra])
@@ -87,6 +94,25 @@ def avg_pool_core(ctx: Lowering, x, kernel, strides, pads, dilations, ceil_mode,
 def average_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
     geometry = _pool_geometry(ctx, n)
     return [avg_pool_core(ctx, n.inputs[0], *geometry, n.attr("count_include_pad", 0))]
+
+
+@fission("LpPool", 1, 2, 11, 18)
+def lp_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """(sum over the window of |x|^p)^(1/p): a sum pool of |x|^p (padding adds nothing)."""
+    x, p = n.inputs[0], n.attr("p", 2)
+    kernel, strides, pads, dilations, ceil_mode = _pool_geometry(ctx, n)
+    extra = _extra_pads(ctx.shape(x)[2:], kernel, strides, pads, dilations, ceil_mode)
+    powered = ctx.unary(Prim.ABS, x)
+    if p == 2:
+        powered = ctx.elementwise(Prim.MUL, x, x)
+    elif p != 1:
+        powered = ctx.elementwise(Prim.POW, powered, ctx.scalar(p, ctx.dtype(x)))
+    total = _window_sum(ctx, powered, kernel, strides, pads, dilations, extra)
+    if p == 1:
+        return [total]
+    if p == 2:
+        return [ctx.unary(Prim.SQRT, total)]
+    return [ctx.elementwise(Prim.POW, total, ctx.scalar(1.0 / p, ctx.dtype(x)))]
 
 
 # ------------------------------------------------------------------- resizing
@@ -220,3 +246,110 @@ def upsample(ctx: Lowering, n: OnnxNode) -> list[str]:
     out_sizes = [_scaled_size(d, s) for d, s in zip(ctx.shape(x), scales)]
     mode = "nearest" if mode == "nearest" else "linear"
     return [resample(ctx, x, out_sizes, scales, mode, "asymmetric", "simple")]
+
+
+# ------------------------------------------------------------- grid sampling
+
+GRID_PADDINGS = ("zeros", "border", "reflection")
+
+
+def grid_sample_core(ctx: Lowering, x: str, grid: str, mode: str, padding: str, align_corners: bool) -> str:
+    """x [N, C, H, W] read at grid [N, Ho, Wo, 2] ((x, y) in [-1, 1]) -> [N, C, Ho, Wo]: the
+    neighbouring pixels' rows of x viewed as [N * H * W, C] are gathered (zero outside x with
+    zeros padding) and weighted, bilinearly or nearest (half to even, as torch and ONNX Runtime)."""
+    n, c, h, w = ctx.shape(x)
+    _, ho, wo, _ = ctx.shape(grid)
+    coords = []
+    for axis, size in ((0, w), (1, h)):  # the grid holds x first
+        g = ctx.reshape(ctx.slice_axis(grid, 3, axis, 1), (n, ho, wo))
+        coords.append(_grid_coords(ctx, g, size, padding, align_corners))
+    ix, iy = coords
+    rows = ctx.reshape(ctx.transpose(x, (0, 2, 3, 1)), (n * h * w, c))
+    base = ctx.const((np.arange(n, dtype="int64") * h * w).reshape(n, 1, 1))
+
+    def tap(yi: str, xi: str, weight: str | None) -> str:
+        """The pixel at integral coordinates (yi, xi), times weight, and zero outside x."""
+        inside = None
+        for v, size in ((xi, w), (yi, h)):
+            ok = ctx.elementwise(
+                Prim.AND,
+                ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, v, ctx.scalar(0, ctx.dtype(v)))),
+                ctx.elementwise(Prim.LT, v, ctx.scalar(size, ctx.dtype(v))),
+            )
+            inside = ok if inside is None else ctx.elementwise(Prim.AND, inside, ok)
+        idx = [ctx.cast(_clip(ctx, v, 0, size - 1), "int64") for v, size in ((yi, h), (xi, w))]
+        flat = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, idx[0], ctx.scalar(w, "int64")), idx[1])
+        picked = ctx.emit(Prim.GATHER, rows, ctx.elementwise(Prim.ADD, flat, base), axis=0)  # [N, Ho, Wo, C]
+        scale = ctx.cast(inside, ctx.dtype(x))
+        if weight is not None:
+            scale = ctx.elementwise(Prim.MUL, scale, weight)
+        return ctx.elementwise(Prim.MUL, picked, ctx.reshape(scale, (n, ho, wo, 1)))
+
+    if mode == "nearest":
+        out = tap(ctx.unary(Prim.ROUND, iy), ctx.unary(Prim.ROUND, ix), None)
+    else:
+        x0, y0 = ctx.unary(Prim.FLOOR, ix), ctx.unary(Prim.FLOOR, iy)
+        one = ctx.scalar(1, ctx.dtype(ix))
+        x1, y1 = ctx.elementwise(Prim.ADD, x0, one), ctx.elementwise(Prim.ADD, y0, one)
+        wx1, wy1 = ctx.elementwise(Prim.SUB, ix, x0), ctx.elementwise(Prim.SUB, iy, y0)
+        wx0, wy0 = ctx.elementwise(Prim.SUB, one, wx1), ctx.elementwise(Prim.SUB, one, wy1)
+        out = None
+        for yi, wy in ((y0, wy0), (y1, wy1)):
+            for xi, wx in ((x0, wx0), (x1, wx1)):
+                term = tap(yi, xi, ctx.elementwise(Prim.MUL, wy, wx))
+                out = term if out is None else ctx.elementwise(Prim.ADD, out, term)
+    return ctx.transpose(out, (0, 3, 1, 2))
+
+
+def _clip(ctx: Lowering, v: str, low: float, high: float) -> str:
+    dtype = ctx.dtype(v)
+    return ctx.elementwise(
+        Prim.MIN, ctx.elementwise(Prim.MAX, v, ctx.scalar(low, dtype)), ctx.scalar(high, dtype)
+    )
+
+
+def _grid_coords(ctx: Lowering, g: str, size: int, padding: str, align_corners: bool) -> str:
+    """Pixel coordinates of normalized ones: -1 and 1 are the corner pixels' centres with
+    align_corners, else their outer edges; border clamps them into x, reflection mirrors them at
+    those extremes (then clamps, as torch)."""
+    dtype = ctx.dtype(g)
+    one = ctx.scalar(1, dtype)
+    if align_corners:
+        coords = ctx.elementwise(
+            Prim.MUL, ctx.elementwise(Prim.ADD, g, one), ctx.scalar((size - 1) / 2, dtype)
+        )
+    else:
+        scaled = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.ADD, g, one), ctx.scalar(size, dtype))
+        coords = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, scaled, one), ctx.scalar(0.5, dtype))
+    if padding == "reflection":
+        low, high = (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
+        coords = _reflect(ctx, coords, low, high)
+    if padding in ("border", "reflection"):
+        coords = _clip(ctx, coords, 0, size - 1)
+    return coords
+
+
+def _reflect(ctx: Lowering, v: str, low: float, high: float) -> str:
+    """v mirrored into [low, high] at both ends, as often as it takes."""
+    dtype = ctx.dtype(v)
+    span = high - low
+    if span <= 0:
+        return ctx.elementwise(Prim.MUL, v, ctx.scalar(0, dtype))
+    dist = ctx.unary(Prim.ABS, ctx.elementwise(Prim.SUB, v, ctx.scalar(low, dtype)))
+    flips = ctx.unary(Prim.FLOOR, ctx.elementwise(Prim.DIV, dist, ctx.scalar(span, dtype)))
+    extra = ctx.elementwise(Prim.SUB, dist, ctx.elementwise(Prim.MUL, flips, ctx.scalar(span, dtype)))
+    half = ctx.elementwise(Prim.MUL, flips, ctx.scalar(0.5, dtype))
+    even = ctx.elementwise(Prim.EQ, ctx.unary(Prim.FLOOR, half), half)
+    forward = ctx.elementwise(Prim.ADD, extra, ctx.scalar(low, dtype))
+    backward = ctx.elementwise(Prim.SUB, ctx.scalar(high, dtype), extra)
+    return ctx.elementwise(Prim.WHERE, even, forward, backward)
+
+
+@fission("GridSample", 16, 20)
+def grid_sample(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x, grid = n.inputs[:2]
+    mode = {"bilinear": "linear", "linear": "linear", "nearest": "nearest"}.get(n.attr("mode", "bilinear"))
+    padding = n.attr("padding_mode", "zeros")
+    if mode is None or padding not in GRID_PADDINGS or ctx.rank(x) != 4:
+        ctx.unsupported(f"GridSample {n.attr('mode', 'bilinear')} over rank {ctx.rank(x)}, {padding} padding")
+    return [grid_sample_core(ctx, x, grid, mode, padding, bool(n.attr("align_corners", 0)))]

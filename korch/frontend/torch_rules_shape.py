@@ -9,7 +9,7 @@ from korch.frontend.aten_lowering import AtenNode, aten, operand, vector
 from korch.frontend.lowering import Lowering, normalize_axes
 from korch.frontend.rules_layout import gather_elements_core, slice_bounds, tile_core
 from korch.frontend.rules_linear import add_bias, matmul
-from korch.frontend.rules_pool import avg_pool_core, max_pool_core, resample
+from korch.frontend.rules_pool import GRID_PADDINGS, avg_pool_core, grid_sample_core, max_pool_core, resample
 from korch.prims import Prim
 
 # ------------------------------------------------------------------ reshaping
@@ -441,3 +441,13 @@ def upsample_linear(ctx: Lowering, n: AtenNode) -> str:
     scales = [f if f else o / i for f, i, o in zip(factors, in_shape, out_shape)]
     mode = "align_corners" if n["align_corners"] else "pytorch_half_pixel"
     return resample(ctx, x, out_shape, scales, "linear", mode, "floor")
+
+
+@aten("aten.grid_sampler_2d.default")
+def grid_sampler_2d(ctx: Lowering, n: AtenNode) -> str:
+    """F.grid_sample: modes 0 (bilinear) and 1 (nearest); bicubic (2) is not lowered."""
+    mode = {0: "linear", 1: "nearest"}.get(n["interpolation_mode"])
+    if mode is None:
+        raise KorchError("grid_sample with bicubic interpolation is not supported")
+    padding = GRID_PADDINGS[n["padding_mode"]]
+    return grid_sample_core(ctx, n["input"], n["grid"], mode, padding, bool(n["align_corners"]))
