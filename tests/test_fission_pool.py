@@ -26,6 +26,13 @@ def test_max_pool(attrs, opset):
     check_op("MaxPool", [rand(1, 3, 9, 10)], attrs, opset=opset)
 
 
+@pytest.mark.parametrize("attrs", POOLS[:7])
+def test_max_pool_indices(attrs):
+    """Indices count over the whole tensor, batch and channels too; ties go to the first."""
+    x = np.round(rand(2, 3, 9, 10) * 2)
+    check_op("MaxPool", [x], attrs, opset=12, n_outputs=2, out_dtypes=["float32", "int64"])
+
+
 def test_max_pool_dilated_and_1d():
     check_op("MaxPool", [rand(1, 2, 9, 9)], {"kernel_shape": [2, 2], "dilations": [2, 2]}, opset=12)
     check_op("MaxPool", [rand(2, 3, 11)], {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, opset=12)

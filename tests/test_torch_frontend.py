@@ -221,6 +221,16 @@ OPS = [
         (V,),
     ),
     (
+        "max_pool_indices_unpool",
+        lambda x: (
+            *F.max_pool2d(x, 3, 2, 1, return_indices=True),
+            *F.max_pool2d(x.round(), 2, ceil_mode=True, return_indices=True),  # (ties: the first)
+            *F.max_pool2d(x, 3, 1, 1, dilation=2, return_indices=True),
+            F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
+        ),
+        (X,),
+    ),
+    (
         "grid_sample",
         lambda x, g: [
             F.grid_sample(x, g, mode=m, padding_mode=p, align_corners=a)

@@ -54,11 +54,44 @@ def max_pool_core(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_
     return ctx.reduce(Prim.REDUCE_MAX, win, range(rank - nd, rank), keepdims=False)
 
 
+def max_pool_indices(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_mode) -> str:
+    """Where each window's maximum is (the first one; a NaN wins), as a flat index into its
+    [*spatial] plane: argmax over the flattened window, its offset in the plane looked up from a
+    constant table, plus the window's corner."""
+    nd = len(kernel)
+    sizes = ctx.shape(x)[-nd:]
+    extra = _extra_pads(sizes, kernel, strides, pads, dilations, ceil_mode)
+    ends = [e + x_ for e, x_ in zip(pads[nd:], extra)]
+    lowest = float("-inf") if ctx.dtype(x).startswith("float") else int(np.iinfo(ctx.dtype(x)).min)
+    win = _windows(ctx, x, kernel, strides, dilations, pads[:nd], ends, lowest)
+    outs = ctx.shape(win)[-2 * nd : -nd]
+    flat = ctx.reshape(win, ctx.shape(win)[:-nd] + (math.prod(kernel),))
+    best = ctx.reshape(ctx.emit(Prim.ARGMAX, flat, axis=ctx.rank(flat) - 1), ctx.shape(win)[:-nd])
+    plane = [math.prod(sizes[i + 1 :]) for i in range(nd)]
+    taps = np.indices(kernel).reshape(nd, -1)
+    table = sum(t * d * p for t, d, p in zip(taps, dilations, plane))
+    corner = sum(
+        ((np.arange(o) * s - b) * p).reshape([o if j == i else 1 for j in range(nd)])
+        for i, (o, s, b, p) in enumerate(zip(outs, strides, pads[:nd], plane))
+    )
+    offset = ctx.emit(Prim.GATHER, ctx.const(table.astype("int64")), best, axis=0)
+    return ctx.elementwise(Prim.ADD, offset, ctx.const(np.asarray(corner, "int64")))
+
+
 @fission("MaxPool", 1)
 def max_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
-    if n.n_outputs > 1:
-        ctx.unsupported("MaxPool with an Indices output")
-    return [max_pool_core(ctx, n.inputs[0], *_pool_geometry(ctx, n))]
+    """With an Indices output: flat indices over the whole tensor (batch and channel counted), in
+    row-major order (storage_order 0)."""
+    x, geometry = n.inputs[0], _pool_geometry(ctx, n)
+    y = max_pool_core(ctx, x, *geometry)
+    if n.n_outputs == 1:
+        return [y]
+    if n.attr("storage_order", 0) != 0:
+        ctx.unsupported("MaxPool indices in column-major order")
+    shape = ctx.shape(x)
+    planes = np.arange(math.prod(shape[:2]), dtype="int64") * math.prod(shape[2:])
+    planes = ctx.const(planes.reshape(shape[:2] + (1,) * (len(shape) - 2)))
+    return [y, ctx.elementwise(Prim.ADD, max_pool_indices(ctx, x, *geometry), planes)]
 
 
 def _window_sum(ctx: Lowering, x: str, kernel, strides, pads, dilations, extra) -> str:

@@ -9,7 +9,14 @@ from korch.frontend.aten_lowering import AtenNode, aten, operand, vector
 from korch.frontend.lowering import Lowering, normalize_axes
 from korch.frontend.rules_layout import gather_elements_core, slice_bounds, tile_core
 from korch.frontend.rules_linear import add_bias, matmul
-from korch.frontend.rules_pool import GRID_PADDINGS, avg_pool_core, grid_sample_core, max_pool_core, resample
+from korch.frontend.rules_pool import (
+    GRID_PADDINGS,
+    avg_pool_core,
+    grid_sample_core,
+    max_pool_core,
+    max_pool_indices,
+    resample,
+)
 from korch.prims import Prim
 
 # ------------------------------------------------------------------ reshaping
@@ -347,10 +354,13 @@ def _pool_args(n: AtenNode, nd: int):
 
 
 @aten("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
-def max_pool2d(ctx: Lowering, n: AtenNode) -> list[str | None]:
+def max_pool2d(ctx: Lowering, n: AtenNode) -> str | list[str]:
     kernel, strides, pads = _pool_args(n, 2)
-    y = max_pool_core(ctx, n["self"], kernel, strides, pads, _ints(n["dilation"], 2, 1), n["ceil_mode"])
-    return [y, None]
+    geometry = (kernel, strides, pads, _ints(n["dilation"], 2, 1), n["ceil_mode"])
+    y = max_pool_core(ctx, n["self"], *geometry)
+    if "with_indices" not in n.target:
+        return y
+    return [y, max_pool_indices(ctx, n["self"], *geometry)]  # (into each channel's plane)
 
 
 @aten("aten.avg_pool2d.default")
