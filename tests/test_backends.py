@@ -83,6 +83,17 @@ CASES = {
         {"padding_mode": "reflection"},
         16,
     ),
+    "gru": (
+        "GRU",
+        [
+            rand(3, 2, 4),
+            Const(rand(1, 9, 4, seed=1)),
+            Const(rand(1, 9, 3, seed=2)),
+            Const(rand(1, 18, seed=3)),
+        ],
+        {"hidden_size": 3},
+        14,
+    ),
     "slice_neg": (
         "Slice",
         [

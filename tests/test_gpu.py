@@ -22,7 +22,20 @@ pytestmark = [
 
 
 @pytest.mark.parametrize(
-    "case", ["softmax", "layernorm", "gelu", "conv_bias", "gemm_bias", "maxpool", "resize"]
+    "case",
+    [
+        "softmax",
+        "layernorm",
+        "gelu",
+        "conv_bias",
+        "gemm_bias",
+        "maxpool",
+        "resize",
+        "scatter_nd_max",
+        "scatter_elements_add",
+        "top_k",
+        "grid_sample",
+    ],
 )
 @pytest.mark.parametrize("backend", ["inductor", "vendor"])
 def test_cuda_backend_matches_reference(case, backend):

@@ -33,17 +33,19 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
 
 
 def rnn_weights():
-    """An RNN (no fission rule) between two fusible ops: its bias small enough to be baked into the
-    kernel, its weight matrices inputs of it (weights), and two outputs, both read."""
+    """An RNN over sequences of different lengths (its rule unrolls whole sequences only) between
+    two fusible ops: its lengths and bias small enough to be baked into the kernel, its weight
+    matrices inputs of it (weights), and two outputs, both read."""
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
-        helper.make_node("RNN", ["r", "w", "rec", "b"], ["seq", "h"], hidden_size=4),
+        helper.make_node("RNN", ["r", "w", "rec", "b", "lengths"], ["seq", "h"], hidden_size=4),
         helper.make_node("Exp", ["h"], ["y"]),
     ]
     inits = [
         ("w", rand(1, 4, 8, seed=1) * 0.3),
         ("rec", rand(1, 4, 4, seed=2) * 0.3),
         ("b", rand(1, 8, seed=3)),
+        ("lengths", np.array([5, 3], "int32")),
     ]
     outs = [("y", F, [1, 2, 4]), ("seq", F, [5, 1, 2, 4])]
     return _model(nodes, [("x", F, [5, 2, 8])], outs, inits), "RNN"
@@ -57,9 +59,10 @@ def resize_cubic_scales():
 
 
 def grid_sample_weight():
-    """GridSample with a constant grid large enough to be a weight, then a fusible op."""
+    """A bicubic GridSample (its rule takes bilinear and nearest) with a constant grid large enough
+    to be a weight, then a fusible op."""
     nodes = [
-        helper.make_node("GridSample", ["x", "grid"], ["s"]),
+        helper.make_node("GridSample", ["x", "grid"], ["s"], mode="bicubic"),
         helper.make_node("Tanh", ["s"], ["y"]),
     ]
     grid = np.random.default_rng(0).uniform(-1, 1, (1, 3, 3, 2)).astype("float32")
@@ -69,9 +72,9 @@ def grid_sample_weight():
 
 
 def rnn_last_state_only():
-    """An RNN whose sequence output is never read: the kernel writes one of its two outputs, which
-    must be the last hidden state."""
-    node = helper.make_node("RNN", ["x", "w", "rec"], ["seq", "h"], hidden_size=3)
+    """An RNN (with Relu, which its rule does not take) whose sequence output is never read: the
+    kernel writes one of its two outputs, which must be the last hidden state."""
+    node = helper.make_node("RNN", ["x", "w", "rec"], ["seq", "h"], hidden_size=3, activations=["Relu"])
     inits = [("w", rand(1, 3, 6, seed=1) * 0.3), ("rec", rand(1, 3, 3, seed=2) * 0.3)]
     return _model([node], [("x", F, [4, 2, 6])], [("h", F, [1, 2, 3])], inits), "RNN"
 
