@@ -231,6 +231,21 @@ OPS = [
         (X,),
     ),
     (
+        "pools_3d_distances",
+        lambda x: (
+            F.avg_pool3d(x, 2, ceil_mode=True, divisor_override=3),
+            F.max_pool3d(x, (1, 3, 3), 1, (0, 1, 1)),
+            F.adaptive_avg_pool3d(x, (2, 4, 5)),
+            F.adaptive_max_pool3d(x, 2),
+            torch.dist(x, x.flip(0), 3),
+            torch.cdist(x[0], x[1], p=1),
+            torch.cdist(x[0], x[1]),
+            torch.angle(x),
+            x.narrow_copy(2, -4, 3),
+        ),
+        (X,),
+    ),
+    (
         "grid_sample",
         lambda x, g: [
             F.grid_sample(x, g, mode=m, padding_mode=p, align_corners=a)

@@ -103,13 +103,18 @@ def _window_sum(ctx: Lowering, x: str, kernel, strides, pads, dilations, extra) 
     return ctx.reduce(Prim.REDUCE_SUM, win, range(rank - nd, rank), keepdims=False)
 
 
-def avg_pool_core(ctx: Lowering, x, kernel, strides, pads, dilations, ceil_mode, count_include_pad) -> str:
-    """pad (zeros) -> window -> reduce_sum, divided by how many window elements each output counts."""
+def avg_pool_core(
+    ctx: Lowering, x, kernel, strides, pads, dilations, ceil_mode, count_include_pad, divisor=None
+) -> str:
+    """pad (zeros) -> window -> reduce_sum, divided by how many window elements each output counts
+    (or by torch's divisor_override)."""
     nd = len(kernel)
     sizes = ctx.shape(x)[-nd:]
     extra = _extra_pads(sizes, kernel, strides, pads, dilations, ceil_mode)
     begins, ends = pads[:nd], pads[nd:]
     total = _window_sum(ctx, x, kernel, strides, pads, dilations, extra)
+    if divisor is not None:
+        return ctx.elementwise(Prim.DIV, total, ctx.scalar(divisor, ctx.dtype(x)))
     # divisor per output position: how many window elements lie inside the counted region
     mask = np.pad(np.ones(sizes), list(zip(begins, ends)), constant_values=1.0 if count_include_pad else 0.0)
     mask = np.pad(mask, [(0, e) for e in extra])

@@ -18,6 +18,7 @@ from korch.frontend.rules_elementwise import (
     sinh_core,
     tan_core,
 )
+from korch.frontend.torch_rules_math import vector_norm_core
 from korch.prims import Prim
 
 
@@ -276,3 +277,30 @@ def polygamma(ctx: Lowering, n: AtenNode) -> str:
     if n["n"] != 0:
         raise KorchError(f"polygamma of order {n['n']} is not supported (order 0, digamma, is)")
     return ctx.cast(digamma_core(ctx, ctx.cast(n["self"], "float64")), n.out.dtype)
+
+
+@aten("aten.angle.default")
+def angle(ctx: Lowering, n: AtenNode) -> str:
+    """The argument of a real number: pi below zero, else 0 (NaN stays NaN)."""
+    x = _x(ctx, n)
+    negative = ctx.elementwise(Prim.LT, x, _s(ctx, x, 0))
+    y = ctx.elementwise(Prim.WHERE, negative, _s(ctx, x, math.pi), _s(ctx, x, 0))
+    return ctx.elementwise(Prim.WHERE, is_nan(ctx, x), x, y)
+
+
+@aten("aten.dist.default")
+def dist(ctx: Lowering, n: AtenNode) -> str:
+    """The p-norm of self - other over every element."""
+    diff = ctx.elementwise(Prim.SUB, *_pair(ctx, n))
+    return ctx.reshape(vector_norm_core(ctx, diff, range(ctx.rank(diff)), float(n["p"])), n.out.shape)
+
+
+@aten("aten._cdist_forward.default")
+def cdist(ctx: Lowering, n: AtenNode) -> str:
+    """p-norm distances between the rows of x1 [..., P, M] and x2 [..., R, M]: every difference
+    [..., P, R, M] reduced over M (torch's matmul form for p = 2 differs in the last bits)."""
+    x1, x2 = (ctx.cast(n[k], n.out.dtype) for k in ("x1", "x2"))
+    a = ctx.reshape(x1, ctx.shape(x1)[:-1] + (1, ctx.shape(x1)[-1]))
+    b = ctx.reshape(x2, ctx.shape(x2)[:-2] + (1,) + ctx.shape(x2)[-2:])
+    diff = ctx.elementwise(Prim.SUB, a, b)
+    return ctx.reshape(vector_norm_core(ctx, diff, [ctx.rank(diff) - 1], float(n["p"])), n.out.shape)

@@ -407,24 +407,25 @@ def var(ctx: Lowering, n: AtenNode) -> str | list[str]:
 
 @aten("aten.linalg_vector_norm.default")
 def vector_norm(ctx: Lowering, n: AtenNode) -> str:
-    """(sum |x|^p)^(1/p) over dim (every axis when None), with torch's special orders: 0 counts
-    the nonzeros, inf and -inf are the largest and smallest |x|."""
     x = ctx.cast(n["self"], n.out.dtype)
-    axes, order = _dims(ctx, x, n.get("dim")), float(n["ord"])
+    return ctx.reshape(vector_norm_core(ctx, x, _dims(ctx, x, n.get("dim")), float(n["ord"])), n.out.shape)
+
+
+def vector_norm_core(ctx: Lowering, x: str, axes, order: float) -> str:
+    """(sum |x|^p)^(1/p) over axes (kept), with torch's special orders: 0 counts the nonzeros, inf
+    and -inf are the largest and smallest |x|."""
     size = ctx.unary(Prim.ABS, x)
     if order == math.inf or order == -math.inf:
-        y = ctx.reduce(Prim.REDUCE_MAX if order > 0 else Prim.REDUCE_MIN, size, axes)
-    elif order == 0:
+        return ctx.reduce(Prim.REDUCE_MAX if order > 0 else Prim.REDUCE_MIN, size, axes)
+    if order == 0:
         nonzero = ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, x, _s(ctx, x, 0)))
-        y = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(nonzero, ctx.dtype(x)), axes)
-    elif order == 1:
-        y = ctx.reduce(Prim.REDUCE_SUM, size, axes)
-    elif order == 2:
-        y = ctx.unary(Prim.SQRT, ctx.reduce(Prim.REDUCE_SUM, ctx.elementwise(Prim.MUL, x, x), axes))
-    else:
-        powered = ctx.elementwise(Prim.POW, size, _s(ctx, x, order))
-        y = ctx.elementwise(Prim.POW, ctx.reduce(Prim.REDUCE_SUM, powered, axes), _s(ctx, x, 1 / order))
-    return ctx.reshape(y, n.out.shape)
+        return ctx.reduce(Prim.REDUCE_SUM, ctx.cast(nonzero, ctx.dtype(x)), axes)
+    if order == 1:
+        return ctx.reduce(Prim.REDUCE_SUM, size, axes)
+    if order == 2:
+        return ctx.unary(Prim.SQRT, ctx.reduce(Prim.REDUCE_SUM, ctx.elementwise(Prim.MUL, x, x), axes))
+    powered = ctx.elementwise(Prim.POW, size, _s(ctx, x, order))
+    return ctx.elementwise(Prim.POW, ctx.reduce(Prim.REDUCE_SUM, powered, axes), _s(ctx, x, 1 / order))
 
 
 @aten(*(f"aten.{op}.{overload}" for op in ("any", "all") for overload in ("default", "dim", "dims")))

@@ -90,6 +90,14 @@ def slice_(ctx: Lowering, n: AtenNode) -> str:
     return ctx.slice_axis(x, axis, first if size else 0, size, n["step"] if size else 1)
 
 
+@aten("aten.narrow_copy.default")
+def narrow(ctx: Lowering, n: AtenNode) -> str:
+    x = n["self"]
+    (axis,) = normalize_axes([n["dim"]], ctx.rank(x))
+    start = n["start"] + ctx.shape(x)[axis] if n["start"] < 0 else n["start"]
+    return ctx.slice_axis(x, axis, start, n["length"])
+
+
 @aten("aten.select.int")
 def select(ctx: Lowering, n: AtenNode) -> str:
     x = n["self"]
@@ -353,39 +361,53 @@ def _pool_args(n: AtenNode, nd: int):
     return kernel, strides, _ints(n["padding"], nd, 0) * 2
 
 
-@aten("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
+def _pool_rank(n: AtenNode) -> int:
+    """How many trailing axes the pool slides over: 3 for the *3d overloads, else 2."""
+    return 3 if "3d" in n.target else 2
+
+
+@aten(
+    "aten.max_pool2d_with_indices.default",
+    "aten.max_pool2d.default",
+    "aten.max_pool3d_with_indices.default",
+)
 def max_pool2d(ctx: Lowering, n: AtenNode) -> str | list[str]:
-    kernel, strides, pads = _pool_args(n, 2)
-    geometry = (kernel, strides, pads, _ints(n["dilation"], 2, 1), n["ceil_mode"])
+    nd = _pool_rank(n)
+    kernel, strides, pads = _pool_args(n, nd)
+    geometry = (kernel, strides, pads, _ints(n["dilation"], nd, 1), n["ceil_mode"])
     y = max_pool_core(ctx, n["self"], *geometry)
     if "with_indices" not in n.target:
         return y
     return [y, max_pool_indices(ctx, n["self"], *geometry)]  # (into each channel's plane)
 
 
-@aten("aten.avg_pool2d.default")
+@aten("aten.avg_pool2d.default", "aten.avg_pool3d.default")
 def avg_pool2d(ctx: Lowering, n: AtenNode) -> str:
-    if n["divisor_override"] is not None:
-        raise KorchError("avg_pool2d with divisor_override is not supported")
-    kernel, strides, pads = _pool_args(n, 2)
-    x = n["self"]
-    return avg_pool_core(ctx, x, kernel, strides, pads, [1, 1], n["ceil_mode"], n["count_include_pad"])
+    nd = _pool_rank(n)
+    kernel, strides, pads = _pool_args(n, nd)
+    geometry = (kernel, strides, pads, [1] * nd, n["ceil_mode"], n["count_include_pad"])
+    return avg_pool_core(ctx, n["self"], *geometry, divisor=n["divisor_override"])
 
 
 def _adaptive_pool(ctx: Lowering, n: AtenNode, pool_axis) -> str:
-    """Each of the last two axes pooled from its size to the output's: pool_axis(x, axis, windows)
-    with torch's windows, output j covering input [floor(j * size / out), ceil((j + 1) * size /
-    out)), uneven and overlapping where out does not divide size."""
+    """Each of the last two (three) axes pooled from its size to the output's: pool_axis(x, axis,
+    windows) with torch's windows, output j covering input [floor(j * size / out), ceil((j + 1) *
+    size / out)), uneven and overlapping where out does not divide size."""
     x = n["self"]
-    rank = ctx.rank(x)
-    for axis, out in zip((rank - 2, rank - 1), n.out.shape[-2:]):
+    rank, nd = ctx.rank(x), _pool_rank(n)
+    for axis, out in zip(range(rank - nd, rank), n.out.shape[-nd:]):
         size = ctx.shape(x)[axis]
         if out != size:
             x = pool_axis(x, axis, [((j * size) // out, -((-(j + 1) * size) // out)) for j in range(out)])
     return x
 
 
-@aten("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+@aten(
+    "aten._adaptive_avg_pool2d.default",
+    "aten.adaptive_avg_pool2d.default",
+    "aten._adaptive_avg_pool3d.default",
+    "aten.adaptive_avg_pool3d.default",
+)
 def adaptive_avg_pool2d(ctx: Lowering, n: AtenNode) -> str:
     """A mean over a whole axis; otherwise a matmul with an averaging matrix per axis."""
 
@@ -403,7 +425,7 @@ def adaptive_avg_pool2d(ctx: Lowering, n: AtenNode) -> str:
     return _adaptive_pool(ctx, n, pool_axis)
 
 
-@aten("aten.adaptive_max_pool2d.default")
+@aten("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default")
 def adaptive_max_pool2d(ctx: Lowering, n: AtenNode) -> list[str | None]:
     """A slice and a max per output position, joined (no indices: a graph that reads them is
     refused)."""
