@@ -300,11 +300,16 @@ def clip(ctx: Lowering, n: OnnxNode) -> list[str]:
         hi = None if hi is None else _s(ctx, x, hi)
     else:
         lo, hi = n.input(1), n.input(2)
-    if lo is not None:
-        x = ctx.elementwise(Prim.MAX, x, lo)
-    if hi is not None:
-        x = ctx.elementwise(Prim.MIN, x, hi)
-    return [x]
+    return [clip_core(ctx, x, lo, hi)]
+
+
+def clip_core(ctx: Lowering, x: str, low: str | None, high: str | None) -> str:
+    """max(x, low), then min(.., high); a bound left out (None) does not apply."""
+    if low is not None:
+        x = ctx.elementwise(Prim.MAX, x, low)
+    if high is not None:
+        x = ctx.elementwise(Prim.MIN, x, high)
+    return x
 
 
 @fission("Mod", 10)
@@ -354,8 +359,12 @@ def mod_core(ctx: Lowering, a: str, b: str, python: bool) -> str:
 
 @fission("IsNaN", 9, 13, 20)
 def is_nan(ctx: Lowering, n: OnnxNode) -> list[str]:
-    x = n.inputs[0]
-    return [ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, x, x))]
+    return [isnan_core(ctx, n.inputs[0])]
+
+
+def isnan_core(ctx: Lowering, x: str) -> str:
+    """NaN is the one value not equal to itself."""
+    return ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, x, x))
 
 
 @fission("IsInf", 10, 20)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from korch.frontend.lowering import Lowering, OnnxNode, fission
+from korch.frontend.rules_elementwise import clip_core
 from korch.frontend.rules_linear import spatial_attrs
 from korch.prims import FLOAT_DTYPES, Prim
 
@@ -43,13 +44,19 @@ def _windows(ctx, x, kernel, strides, dilations, begins, ends, value):
     return ctx.emit(Prim.WINDOW, x, kernel=kernel, strides=strides, dilations=dilations)
 
 
-def max_pool_core(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_mode) -> str:
-    """pad (with the lowest value) -> window -> reduce_max over the trailing spatial axes."""
+def _max_windows(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_mode) -> str:
+    """x padded with its lowest value (and ceil_mode's extra room): [..., *out, *kernel] windows."""
     nd = len(kernel)
     extra = _extra_pads(ctx.shape(x)[-nd:], kernel, strides, pads, dilations, ceil_mode)
     ends = [e + x_ for e, x_ in zip(pads[nd:], extra)]
     lowest = float("-inf") if ctx.dtype(x).startswith("float") else int(np.iinfo(ctx.dtype(x)).min)
-    win = _windows(ctx, x, kernel, strides, dilations, pads[:nd], ends, lowest)
+    return _windows(ctx, x, kernel, strides, dilations, pads[:nd], ends, lowest)
+
+
+def max_pool_core(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_mode) -> str:
+    """pad (with the lowest value) -> window -> reduce_max over the trailing spatial axes."""
+    nd = len(kernel)
+    win = _max_windows(ctx, x, kernel, strides, pads, dilations, ceil_mode)
     rank = ctx.rank(win)
     return ctx.reduce(Prim.REDUCE_MAX, win, range(rank - nd, rank), keepdims=False)
 
@@ -60,10 +67,7 @@ def max_pool_indices(ctx: Lowering, x: str, kernel, strides, pads, dilations, ce
     constant table, plus the window's corner."""
     nd = len(kernel)
     sizes = ctx.shape(x)[-nd:]
-    extra = _extra_pads(sizes, kernel, strides, pads, dilations, ceil_mode)
-    ends = [e + x_ for e, x_ in zip(pads[nd:], extra)]
-    lowest = float("-inf") if ctx.dtype(x).startswith("float") else int(np.iinfo(ctx.dtype(x)).min)
-    win = _windows(ctx, x, kernel, strides, dilations, pads[:nd], ends, lowest)
+    win = _max_windows(ctx, x, kernel, strides, pads, dilations, ceil_mode)
     outs = ctx.shape(win)[-2 * nd : -nd]
     flat = ctx.reshape(win, ctx.shape(win)[:-nd] + (math.prod(kernel),))
     best = ctx.reshape(ctx.emit(Prim.ARGMAX, flat, axis=ctx.rank(flat) - 1), ctx.shape(win)[:-nd])
@@ -140,11 +144,12 @@ def lp_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
     x, p = n.inputs[0], n.attr("p", 2)
     kernel, strides, pads, dilations, ceil_mode = _pool_geometry(ctx, n)
     extra = _extra_pads(ctx.shape(x)[2:], kernel, strides, pads, dilations, ceil_mode)
-    powered = ctx.unary(Prim.ABS, x)
     if p == 2:
         powered = ctx.elementwise(Prim.MUL, x, x)
-    elif p != 1:
-        powered = ctx.elementwise(Prim.POW, powered, ctx.scalar(p, ctx.dtype(x)))
+    elif p == 1:
+        powered = ctx.unary(Prim.ABS, x)
+    else:
+        powered = ctx.elementwise(Prim.POW, ctx.unary(Prim.ABS, x), ctx.scalar(p, ctx.dtype(x)))
     total = _window_sum(ctx, powered, kernel, strides, pads, dilations, extra)
     if p == 1:
         return [total]
@@ -340,10 +345,8 @@ def grid_sample_core(ctx: Lowering, x: str, grid: str, mode: str, padding: str, 
 
 
 def _clip(ctx: Lowering, v: str, low: float, high: float) -> str:
-    dtype = ctx.dtype(v)
-    return ctx.elementwise(
-        Prim.MIN, ctx.elementwise(Prim.MAX, v, ctx.scalar(low, dtype)), ctx.scalar(high, dtype)
-    )
+    """clip_core with constant bounds."""
+    return clip_core(ctx, v, ctx.scalar(low, ctx.dtype(v)), ctx.scalar(high, ctx.dtype(v)))
 
 
 def _grid_coords(ctx: Lowering, g: str, size: int, padding: str, align_corners: bool) -> str:

@@ -5,6 +5,7 @@ weights and the gates' elementwise work."""
 from __future__ import annotations
 
 from korch.frontend.lowering import Lowering, OnnxNode, fission
+from korch.frontend.rules_elementwise import clip_core
 from korch.frontend.rules_linear import matmul
 from korch.prims import Prim
 
@@ -41,8 +42,7 @@ class _Cell:
         activations", as ONNX Runtime does for the gates)."""
         ctx = self.ctx
         if gate and self.clip is not None:
-            low, high = ctx.scalar(-self.clip, ctx.dtype(v)), ctx.scalar(self.clip, ctx.dtype(v))
-            v = ctx.elementwise(Prim.MIN, ctx.elementwise(Prim.MAX, v, low), high)
+            v = clip_core(ctx, v, ctx.scalar(-self.clip, ctx.dtype(v)), ctx.scalar(self.clip, ctx.dtype(v)))
         return ctx.unary(_ACTIVATIONS[self.acts[i]], v)
 
     def recurrent(self, h: str, first: int, count: int) -> str:

@@ -15,6 +15,7 @@ from korch.frontend.rules_elementwise import (
     asinh_core,
     atanh_core,
     cosh_core,
+    isnan_core,
     sinh_core,
     tan_core,
 )
@@ -60,10 +61,6 @@ for _op, _core in _CORES.items():
     aten(f"aten.{_op}.default")(_widened(_core))
 
 
-def is_nan(ctx: Lowering, x: str) -> str:
-    return ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, x, x))
-
-
 def _sign_bit(ctx: Lowering, x: str) -> str:
     """x < 0, or x is -0.0 (1 / -0.0 is -inf); a NaN counts as positive."""
     if not ctx.dtype(x).startswith("float"):
@@ -97,7 +94,9 @@ def fmax(ctx: Lowering, n: AtenNode) -> str:
     y = ctx.elementwise(Prim.MAX if "fmax" in n.target else Prim.MIN, a, b)
     if not n.out.dtype.startswith("float"):
         return y
-    return ctx.elementwise(Prim.WHERE, is_nan(ctx, a), b, ctx.elementwise(Prim.WHERE, is_nan(ctx, b), a, y))
+    return ctx.elementwise(
+        Prim.WHERE, isnan_core(ctx, a), b, ctx.elementwise(Prim.WHERE, isnan_core(ctx, b), a, y)
+    )
 
 
 @aten("aten.isinf.default")
@@ -285,7 +284,7 @@ def angle(ctx: Lowering, n: AtenNode) -> str:
     x = _x(ctx, n)
     negative = ctx.elementwise(Prim.LT, x, _s(ctx, x, 0))
     y = ctx.elementwise(Prim.WHERE, negative, _s(ctx, x, math.pi), _s(ctx, x, 0))
-    return ctx.elementwise(Prim.WHERE, is_nan(ctx, x), x, y)
+    return ctx.elementwise(Prim.WHERE, isnan_core(ctx, x), x, y)
 
 
 @aten("aten.dist.default")

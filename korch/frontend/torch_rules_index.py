@@ -11,7 +11,7 @@ import numpy as np
 from korch.errors import KorchError
 from korch.frontend.aten_lowering import AtenNode, aten, operand, vector
 from korch.frontend.lowering import Lowering, normalize_axes
-from korch.frontend.rules_elementwise import log1p_core
+from korch.frontend.rules_elementwise import isnan_core, log1p_core
 from korch.frontend.rules_layout import gather_elements_core, row_strides, take, wrap_negative
 from korch.frontend.rules_reduce import scan_core
 from korch.frontend.rules_scatter import scatter_elements_core, scatter_rows, sort_core
@@ -348,7 +348,7 @@ def cummax(ctx: Lowering, n: AtenNode) -> list[str]:
     )
     record = ctx.elementwise(Prim.EQ, work, values)
     if ctx.dtype(work).startswith("float"):
-        record = ctx.elementwise(Prim.OR, record, ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, work, work)))
+        record = ctx.elementwise(Prim.OR, record, isnan_core(ctx, work))
     length = ctx.shape(work)[axis]
     places = ctx.const(np.arange(length, dtype="int64").reshape([length] + [1] * (ctx.rank(work) - axis - 1)))
     latest = ctx.elementwise(Prim.WHERE, record, places, ctx.scalar(0, "int64"))
@@ -396,7 +396,7 @@ def bucketize(ctx: Lowering, n: AtenNode) -> str:
     else:
         hit = ctx.elementwise(Prim.GT, values, bounds)  # b < x
         if common.startswith("float"):
-            hit = ctx.elementwise(Prim.OR, hit, ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, values, values)))
+            hit = ctx.elementwise(Prim.OR, hit, isnan_core(ctx, values))
     count = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(hit, "int64"), [ctx.rank(hit) - 1], keepdims=False)
     return ctx.reshape(ctx.cast(count, n.out.dtype), n.out.shape)
 

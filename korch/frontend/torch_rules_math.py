@@ -11,10 +11,12 @@ from korch.frontend.lowering import Lowering, normalize_axes
 from korch.frontend.rules_elementwise import (
     acos_core,
     asin_core,
+    clip_core,
     elu_core,
     expm1_core,
     gelu_core,
     hard_sigmoid_core,
+    isnan_core,
     log1p_core,
     mod_core,
     softplus_core,
@@ -202,10 +204,7 @@ _UNARY = {
 }
 
 
-@aten("aten.isnan.default")
-def isnan(ctx: Lowering, n: AtenNode) -> str:
-    x = n["self"]
-    return ctx.unary(Prim.NOT, ctx.elementwise(Prim.EQ, x, x))
+aten("aten.isnan.default")(lambda ctx, n: isnan_core(ctx, n["self"]))
 
 
 @aten("aten.round.decimals")
@@ -294,11 +293,8 @@ def elu(ctx: Lowering, n: AtenNode) -> str:
 
 
 def _clamp(ctx: Lowering, x: str, lo, hi) -> str:
-    if lo is not None:
-        x = ctx.elementwise(Prim.MAX, x, operand(ctx, lo, ctx.dtype(x)))
-    if hi is not None:
-        x = ctx.elementwise(Prim.MIN, x, operand(ctx, hi, ctx.dtype(x)))
-    return x
+    bounds = [None if v is None else operand(ctx, v, ctx.dtype(x)) for v in (lo, hi)]
+    return clip_core(ctx, x, *bounds)
 
 
 @aten("aten.clamp.default", "aten.clamp.Tensor")
