@@ -49,6 +49,21 @@ X = rand(2, 3, 6, 6)
 V = rand(2, 5, 8)
 
 
+def _row_hidden(rows, cols):
+    mask = torch.rand(rows, cols, generator=torch.Generator().manual_seed(0)) > 0.3
+    mask[1] = False
+    return mask
+
+
+HIDDEN = _row_hidden(5, 7)
+
+
+def _inverse_permutation(perm):
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel())
+    return inverse
+
+
 def _assigned(x, i):
     """Assignments through indices, masks and slices (index_put, slice_scatter, copy)."""
     y = x.clone()
@@ -294,6 +309,29 @@ OPS = [
         (V,),
     ),
     (
+        "attention",
+        lambda q, k, v: (
+            F.scaled_dot_product_attention(q, k, v),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),  # (top-left, 5 by 7)
+            F.scaled_dot_product_attention(q, k, v, attn_mask=HIDDEN),  # (a query with no key: zeros)
+            F.scaled_dot_product_attention(q, k, v, attn_mask=k[0, :1, :, 0] * 2 - 1),  # (added, broadcast)
+            F.scaled_dot_product_attention(q, k[:, :1], v[:, :1], enable_gqa=True),  # (one key/value head)
+            F.scaled_dot_product_attention(q[0], k[0], v[0]),  # (no batch axis)
+        ),
+        (rand(2, 2, 5, 8), rand(2, 2, 7, 8, seed=1), rand(2, 2, 7, 6, seed=2)),
+    ),
+    (
+        "histc_empty",
+        lambda x: (
+            torch.histc(x, bins=7),  # (the data's own range)
+            torch.histc(x, bins=10, min=-1, max=1),  # (outside values not counted; 1 in the last bin)
+            torch.histc(x.round(), bins=4),  # (values on the edges)
+            torch.histc(x[0, 0].clamp(min=2), bins=3),  # (one value: the range widened by 1 each way)
+            _inverse_permutation(x[0, 0].argsort()),  # (empty_like, then every element written)
+        ),
+        (V,),
+    ),
+    (
         "diagonals_cumprod",
         lambda x: (
             torch.diagonal(x),
@@ -458,6 +496,12 @@ def test_unsupported_op_names_the_aten_op():
         import_torch(Fn(lambda x: torch.fft.rfft(x).real), (V,))
 
 
+def test_a_generator_in_forward_is_refused_in_one_line():
+    seeded = torch.Generator().manual_seed(0)
+    with pytest.raises(KorchError, match=r"^forward uses a torch\.Generator: random numbers are not"):
+        import_torch(Fn(lambda x: x + torch.rand(8, generator=seeded)), (V,))
+
+
 class TwoInputs(nn.Module):
     def __init__(self):
         super().__init__()
@@ -558,6 +602,95 @@ def test_optimize_sorts_and_scatters_with_an_index_input(backends, torch_cache):
     for got, w in zip(plan(x, idx), want):
         assert check.rel_err(got.numpy(), w.numpy()) <= 1e-5
     assert plan.verify() <= 1e-5  # (random indices, drawn inside the dimension they index)
+
+
+def _grouped_mm_op():
+    """Hugging Face transformers' custom op for a float32 grouped matmul, registered here under
+    its own name and schema where transformers is not installed (its eager loop is the oracle)."""
+    if not hasattr(torch.ops.transformers, "grouped_mm_fallback"):
+
+        @torch.library.custom_op("transformers::grouped_mm_fallback", mutates_args=())
+        def grouped_mm_fallback(
+            input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor
+        ) -> torch.Tensor:
+            output, start = torch.zeros(input.size(0), weight.size(2), dtype=input.dtype), 0
+            for i, end in enumerate(offs.tolist()):
+                output[start:end] = input[start:end] @ weight[i]
+                start = end
+            return output
+
+        @grouped_mm_fallback.register_fake
+        def _(input, weight, offs):
+            return input.new_empty(input.size(0), weight.size(2))
+
+    return torch.ops.transformers.grouped_mm_fallback.default
+
+
+class Experts(nn.Module):
+    """A mixture of experts as transformers 5 runs one in float32: tokens sorted by their top-k
+    experts, histc counts per expert, two grouped matmuls, the order restored by an inverse
+    permutation written into empty_like."""
+
+    def __init__(self, dim=16, hidden=24, experts=4, k=2):
+        super().__init__()
+        self.k, self.experts = k, experts
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.gate_up = nn.Parameter(torch.randn(experts, dim, 2 * hidden) * 0.2)
+        self.down = nn.Parameter(torch.randn(experts, hidden, dim) * 0.2)
+
+    def forward(self, x):
+        grouped_mm = _grouped_mm_op()
+        weights, chosen = self.router(x).softmax(-1).topk(self.k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        ids, perm = torch.sort(chosen.reshape(-1))
+        rows = x[perm // self.k]
+        counts = torch.histc(ids.float(), bins=self.experts, min=0, max=self.experts - 1)
+        offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        gate, up = grouped_mm(rows, self.gate_up, offsets).chunk(2, dim=-1)
+        out = grouped_mm(F.silu(gate) * up, self.down, offsets) * weights.reshape(-1)[perm].unsqueeze(-1)
+        return out[_inverse_permutation(perm)].view(x.shape[0], self.k, -1).sum(1)
+
+
+class Gpt2Attention(nn.Module):
+    """GPT-2's attention as transformers writes it: heads back into rows by a view, then addmm.
+    torch's own decomposition of scaled_dot_product_attention gives the view strides it rejects
+    at batch 2, so korch keeps the operator whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(16, 48), nn.Parameter(torch.randn(16, 16) * 0.3)
+
+    def forward(self, x, mask):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, 4, 4).transpose(1, 2) for t in self.qkv(x).split(d, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, -1)
+        return torch.addmm(self.proj[0], y.view(-1, d), self.proj)
+
+
+def test_attention_kept_whole_where_its_decomposition_breaks_the_graph():
+    torch.manual_seed(0)
+    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    mask[1, :, :, 4:] = False  # (padding)
+    lower_and_compare(Gpt2Attention(), rand(2, 6, 16), mask)
+
+
+def test_mixture_of_experts_as_transformers_exports_it():
+    torch.manual_seed(0)
+    module, x = Experts().eval(), rand(12, 16)
+    result = lower_and_compare(module, x, tol=1e-5)
+    assert {Prim.ARGSORT, Prim.SCATTER, Prim.MATMUL} <= {n.prim for n in result.graph.nodes}
+    same = x[:1].expand(12, 16).contiguous()  # (every token to the same two experts: two get no rows)
+    lower_and_compare(module, same, tol=1e-5)
+
+
+def test_optimize_mixture_of_experts(torch_cache):
+    torch.manual_seed(0)
+    module, x = Experts().eval(), rand(12, 16)
+    plan = korch.optimize(module, (x,), **{**fast_options(torch_cache), "backends": ("inductor",)})
+    with torch.no_grad():
+        want = module(x).numpy()
+    assert check.rel_err(plan(x)[0].numpy(), want) <= 1e-5
+    assert plan.verify() <= 1e-5
 
 
 def test_optimize_module_needs_example_inputs():

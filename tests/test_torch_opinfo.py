@@ -66,6 +66,11 @@ def _mismatch(got: np.ndarray, want: torch.Tensor) -> str | None:
 UNSTABLE = ("sort", "argsort", "topk", "kthvalue", "msort")
 
 
+# operators whose values are undefined (uninitialized memory; korch gives zeros): their outputs'
+# shapes and dtypes are compared, not their values
+UNINITIALIZED = ("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided")
+
+
 def _same_picks(x: torch.Tensor, got: np.ndarray, want: torch.Tensor) -> bool:
     got = torch.from_numpy(got)
     if got.shape != want.shape:
@@ -119,6 +124,13 @@ def test_aten_lowering_matches_eager_or_refuses(op, dtype):
                 and op.name in UNSTABLE
                 and w.dtype == torch.int64
                 and _same_picks(sample.input, got[name], w)
+            ):
+                problem = None
+            if (
+                problem
+                and op.name in UNINITIALIZED
+                and got[name].shape == w.shape
+                and str(got[name].dtype) == str(w.dtype)[6:]
             ):
                 problem = None
             assert problem is None, f"sample {k} ({sample.summary()}), output {name}: {problem}"

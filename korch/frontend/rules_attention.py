@@ -25,13 +25,14 @@ def _heads(ctx: Lowering, x: str, heads: int) -> str:
     return ctx.transpose(ctx.reshape(x, (b, s, heads, hidden // heads)), (0, 2, 1, 3))
 
 
-def _repeat_heads(ctx: Lowering, x: str, times: int) -> str:
-    """Each head `times` times in a row ([h0, h0, h1, h1, ...]: grouped-query attention)."""
+def repeat_heads(ctx: Lowering, x: str, times: int) -> str:
+    """Each head (axis -3) `times` times in a row ([h0, h0, h1, h1, ...]: grouped-query
+    attention)."""
     if times == 1:
         return x
-    b, h, s, d = ctx.shape(x)
-    wide = ctx.broadcast_to(ctx.reshape(x, (b, h, 1, s, d)), (b, h, times, s, d))
-    return ctx.reshape(wide, (b, h * times, s, d))
+    *lead, h, s, d = ctx.shape(x)
+    wide = ctx.broadcast_to(ctx.reshape(x, (*lead, h, 1, s, d)), (*lead, h, times, s, d))
+    return ctx.reshape(wide, (*lead, h * times, s, d))
 
 
 def _mask_bias(ctx: Lowering, mask: str, kv_len: int, dtype: str) -> str:
@@ -90,39 +91,54 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     if q_count != kv_count:
         if q_count % kv_count:
             raise KorchError(f"{q_count} query heads do not share {kv_count} key/value heads evenly")
-        k, v = _repeat_heads(ctx, k, q_count // kv_count), _repeat_heads(ctx, v, q_count // kv_count)
-
-    # both sides scaled by sqrt(scale), in the inputs' type, as the spec's function does
-    scale = n.attr("scale", None)
-    root = ctx.scalar(math.sqrt(scale if scale is not None else 1 / math.sqrt(ctx.shape(q)[3])), dtype)
-    scores = matmul(
-        ctx,
-        ctx.elementwise(Prim.MUL, q, root),
-        ctx.elementwise(Prim.MUL, ctx.transpose(k, (0, 1, 3, 2)), root),
-    )
-    raw = scores
-    softcap = n.attr("softcap", 0.0)
-    if softcap > 0:  # before the mask, so masked scores stay -inf
-        cap = ctx.scalar(softcap, dtype)
-        scores = ctx.elementwise(Prim.MUL, ctx.unary(Prim.TANH, ctx.elementwise(Prim.DIV, scores, cap)), cap)
-    capped = scores
-    if bias is not None:
-        scores = ctx.elementwise(Prim.ADD, scores, bias)
+        k, v = repeat_heads(ctx, k, q_count // kv_count), repeat_heads(ctx, v, q_count // kv_count)
     mode = n.attr("qk_matmul_output_mode", 0)
     if mode not in (0, 1, 2, 3):
         raise KorchError(f"qk_matmul_output_mode {mode} is not 0, 1, 2 or 3")
     precision = n.attr("softmax_precision", None)
-    probs = softmax(ctx, ctx.cast(scores, onnx_dtype(precision) if precision else dtype), 3, log=False)
-    if mask is not None:  # a row with no key to attend (all -inf) is zero, not 0/0
-        most = ctx.reduce(Prim.REDUCE_MAX, bias, [-1])
-        attended = ctx.elementwise(Prim.GT, most, ctx.scalar(-math.inf, dtype))
-        probs = ctx.elementwise(Prim.WHERE, attended, probs, ctx.scalar(0, ctx.dtype(probs)))
-    probs = ctx.cast(probs, dtype)
-    y = matmul(ctx, probs, v)
+    precision = onnx_dtype(precision) if precision else None
+    y, stages = attend(
+        ctx, q, k, v, bias, mask is not None, n.attr("scale", None), n.attr("softcap", 0.0), precision
+    )
     if three_d:
         b, h, s, d = ctx.shape(y)
         y = ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, s, h * d))
     # the scaled scores (mode 0: the spec's text and ONNX Runtime; onnx's reference applies the
     # softcap first), after the softcap (1), with the bias too (2), the probabilities (3)
-    qk = (raw, capped, scores, probs)[mode]
-    return [y, *present, qk][: n.n_outputs]
+    return [y, *present, stages[mode]][: n.n_outputs]
+
+
+def attend(
+    ctx: Lowering,
+    q: str,
+    k: str,
+    v: str,
+    bias: str | None,
+    masked: bool,
+    scale: float | None = None,
+    softcap: float = 0.0,
+    precision: str | None = None,
+) -> tuple[str, tuple[str, str, str, str]]:
+    """softmax(q k^T * scale + bias) v over [..., seq, size] tensors (k and v with q's heads;
+    scale 1/sqrt(size) by default), both sides scaled by sqrt(scale) in the inputs' type, as
+    ONNX's function and torch's math path do. With `masked` (a bias from a mask that may hide
+    every key from a query), such a query gets zeros, not 0/0. Returns y and the scores as
+    scaled, capped and biased, and the probabilities."""
+    dtype, rank = ctx.dtype(q), ctx.rank(q)
+    root = ctx.scalar(math.sqrt(scale if scale is not None else 1 / math.sqrt(ctx.shape(q)[-1])), dtype)
+    swap = list(range(rank - 2)) + [rank - 1, rank - 2]
+    raw = matmul(
+        ctx, ctx.elementwise(Prim.MUL, q, root), ctx.elementwise(Prim.MUL, ctx.transpose(k, swap), root)
+    )
+    capped = raw
+    if softcap > 0:  # before the mask, so masked scores stay -inf
+        cap = ctx.scalar(softcap, dtype)
+        capped = ctx.elementwise(Prim.MUL, ctx.unary(Prim.TANH, ctx.elementwise(Prim.DIV, raw, cap)), cap)
+    scores = capped if bias is None else ctx.elementwise(Prim.ADD, capped, bias)
+    probs = softmax(ctx, ctx.cast(scores, precision or dtype), rank - 1, log=False)
+    if masked:
+        most = ctx.reduce(Prim.REDUCE_MAX, bias, [-1])
+        attended = ctx.elementwise(Prim.GT, most, ctx.scalar(-math.inf, dtype))
+        probs = ctx.elementwise(Prim.WHERE, attended, probs, ctx.scalar(0, ctx.dtype(probs)))
+    probs = ctx.cast(probs, dtype)
+    return matmul(ctx, probs, v), (raw, capped, scores, probs)

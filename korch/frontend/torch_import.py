@@ -23,7 +23,8 @@ from korch.frontend.lowering import Lowering
 from korch.frontend.onnx_import import FissionResult
 from korch.ir import GraphBuilder, verify
 
-# ops korch lowers itself better than their decompositions (one primitive instead of index arithmetic)
+# ops korch lowers itself better than their decompositions (one primitive instead of index
+# arithmetic), or that torch decomposes into a graph it cannot run (attention: see its rule)
 _KEEP = (
     "reflection_pad1d",
     "reflection_pad2d",
@@ -35,6 +36,7 @@ _KEEP = (
     "softplus",
     "hardswish",
     "hardsigmoid",
+    "scaled_dot_product_attention",
 )
 
 
@@ -209,6 +211,8 @@ def _placeholders(ep, b: GraphBuilder, frozen: dict[int, Any]) -> dict[str, Any]
             user_index += 1
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             env[name] = b.const(_to_numpy(state[spec.target]))
+        elif "Generator" in getattr(spec.arg, "class_fqn", ""):
+            raise KorchError("forward uses a torch.Generator: random numbers are not supported")
         else:
             raise KorchError(f"unsupported exported input kind {spec.kind.name} ({name})")
     return env
@@ -256,8 +260,10 @@ def _user_outputs(ep, env) -> list[Any]:
 def _op_name(target) -> str:
     if target is operator.getitem:
         return "getitem"
-    name = str(target)
-    return name if name.startswith("aten.") else getattr(target, "__name__", name)
+    import torch
+
+    name = str(target)  # an OpOverload names its namespace: aten.add.Tensor, transformers.x.default
+    return name if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", name)
 
 
 def _map_arg(a, env):
@@ -279,7 +285,8 @@ def _lower(ctx: Lowering, node, env) -> Any:
         return values[index]
     rule = ATEN_RULES.get(name)
     if rule is None:
-        raise KorchError(f"ATen operator {name} has no korch lowering")
+        kind = "ATen operator" if name.startswith("aten.") else "operator"
+        raise KorchError(f"{kind} {name} has no korch lowering")
     aten_node = _aten_node(node, name, env)
     try:
         result = rule(ctx, aten_node)

@@ -1,5 +1,6 @@
 """ATen rules that write by index or order by value: index_put (x[i] = v), put, masked_scatter, the
-scatters, slice, diagonal and strided assignment; sort, topk, kthvalue, the medians, bucketize;
+scatters, slice, diagonal and strided assignment; sort, topk, kthvalue, the medians, bucketize,
+histc;
 the running product, max, min and log-sum-exp."""
 
 from __future__ import annotations
@@ -399,6 +400,38 @@ def bucketize(ctx: Lowering, n: AtenNode) -> str:
             hit = ctx.elementwise(Prim.OR, hit, isnan_core(ctx, values))
     count = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(hit, "int64"), [ctx.rank(hit) - 1], keepdims=False)
     return ctx.reshape(ctx.cast(count, n.out.dtype), n.out.shape)
+
+
+@aten("aten.histc.default")
+def histc(ctx: Lowering, n: AtenNode) -> str:
+    """Counts of x in `bins` equal bins over [min, max] (the data's own range where min == max,
+    widened by 1 each way where that is one value); values outside it, and NaN, are not counted.
+    As torch: bin = floor((x - min) * bins / (max - min)) in the input's dtype, max in the last
+    bin; one scatter-add of ones, the uncounted into a spare bin past the end."""
+    x, bins = n["self"], int(n["bins"])
+    dtype = ctx.dtype(x)
+    flat = ctx.reshape(x, (ctx.type(x).numel,))
+    lo, hi = n.get("min", 0), n.get("max", 0)
+    if lo == hi:
+        lo, hi = (ctx.reduce(p, flat, [0], keepdims=False) for p in (Prim.REDUCE_MIN, Prim.REDUCE_MAX))
+        same = ctx.elementwise(Prim.EQ, lo, hi)
+        lo = ctx.elementwise(Prim.WHERE, same, ctx.elementwise(Prim.SUB, lo, ctx.scalar(1, dtype)), lo)
+        hi = ctx.elementwise(Prim.WHERE, same, ctx.elementwise(Prim.ADD, hi, ctx.scalar(1, dtype)), hi)
+    elif lo > hi:
+        raise KorchError(f"histc: max {hi} is below min {lo}")
+    else:
+        lo, hi = ctx.scalar(lo, dtype), ctx.scalar(hi, dtype)
+    at_or_above = ctx.elementwise(
+        Prim.OR, ctx.elementwise(Prim.GT, flat, lo), ctx.elementwise(Prim.EQ, flat, lo)
+    )
+    inside = ctx.elementwise(Prim.AND, at_or_above, ctx.unary(Prim.NOT, ctx.elementwise(Prim.GT, flat, hi)))
+    scaled = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, flat, lo), ctx.scalar(bins, dtype))
+    position = ctx.elementwise(Prim.DIV, scaled, ctx.elementwise(Prim.SUB, hi, lo))
+    position = ctx.elementwise(Prim.MIN, position, ctx.scalar(bins - 1, dtype))  # (max itself)
+    rows = ctx.cast(ctx.elementwise(Prim.WHERE, inside, position, ctx.scalar(bins, dtype)), "int64")
+    ones = ctx.broadcast_to(ctx.scalar(1, n.out.dtype), ctx.shape(flat))
+    counts = scatter_rows(ctx, ctx.const(np.zeros(bins + 1, n.out.dtype)), 0, rows, ones, "add")
+    return ctx.slice_axis(counts, 0, 0, bins)
 
 
 def _strided_places(ctx: Lowering, n: AtenNode) -> np.ndarray:

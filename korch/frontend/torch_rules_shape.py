@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.aten_lowering import AtenNode, aten, operand, vector
 from korch.frontend.lowering import Lowering, normalize_axes
+from korch.frontend.rules_attention import attend, repeat_heads
 from korch.frontend.rules_layout import gather_elements_core, slice_bounds, tile_core
 from korch.frontend.rules_linear import add_bias, matmul
 from korch.frontend.rules_pool import (
@@ -218,6 +221,21 @@ def full_like(ctx: Lowering, n: AtenNode) -> str:
     return ctx.broadcast_to(operand(ctx, value, n.out.dtype), n.out.shape)
 
 
+@aten(
+    "aten.empty.memory_format",
+    "aten.empty_like.default",
+    "aten.empty_permuted.default",
+    "aten.empty_strided.default",
+    "aten.new_empty.default",
+    "aten.new_empty_strided.default",
+)
+def empty(ctx: Lowering, n: AtenNode) -> str:
+    """Uninitialized memory, which a program writes before it reads (`p = torch.empty_like(q);
+    p[q] = torch.arange(n)`, an inverse permutation): any values are right, and korch gives zeros
+    so that every backend computes the same."""
+    return ctx.broadcast_to(operand(ctx, 0, n.out.dtype), n.out.shape)
+
+
 # ---------------------------------------------------------------------- pads
 
 
@@ -322,6 +340,60 @@ def addbmm(ctx: Lowering, n: AtenNode) -> str:
     left = ctx.reshape(ctx.transpose(n["batch1"], (1, 0, 2)), (rows, b * inner))
     product = ctx.emit(Prim.MATMUL, left, ctx.reshape(n["batch2"], (b * inner, cols)))
     return ctx.reshape(_scaled_sum(ctx, n, product), n.out.shape)
+
+
+@aten("aten.scaled_dot_product_attention.default")
+def scaled_dot_product_attention(ctx: Lowering, n: AtenNode) -> str:
+    """torch's attention over [..., heads, seq, size]: a boolean mask says where to attend, a float
+    one is added to the scores; is_causal keeps the top-left lower triangle; enable_gqa shares
+    each key/value head among consecutive query heads. A query that the mask lets attend no key
+    gets zeros, as in torch. (Kept whole by the export: torch's decomposition of it can give
+    strides that a later view of the exported graph rejects, GPT-2 for one.)"""
+    q, k, v, mask = n["query"], n["key"], n["value"], n.get("attn_mask")
+    if n.get("dropout_p", 0.0):
+        raise KorchError("scaled_dot_product_attention with dropout (random numbers) is not supported")
+    dtype, (q_len, kv_len) = ctx.dtype(q), (ctx.shape(q)[-2], ctx.shape(k)[-2])
+    bias = None
+    if mask is not None:
+        if ctx.dtype(mask) == "bool":
+            bias = ctx.elementwise(Prim.WHERE, mask, ctx.scalar(0, dtype), ctx.scalar(-math.inf, dtype))
+        else:
+            bias = ctx.cast(mask, dtype)
+    if n.get("is_causal", False):
+        allowed = np.tril(np.ones((q_len, kv_len), dtype=bool))
+        causal = ctx.const(np.where(allowed, 0, -np.inf).astype(dtype))
+        bias = causal if bias is None else ctx.elementwise(Prim.ADD, bias, causal)
+    q_heads, kv_heads = ctx.shape(q)[-3], ctx.shape(k)[-3]
+    if n.get("enable_gqa", False) and q_heads != kv_heads:
+        if q_heads % kv_heads:
+            raise KorchError(f"{q_heads} query heads do not share {kv_heads} key/value heads evenly")
+        k, v = repeat_heads(ctx, k, q_heads // kv_heads), repeat_heads(ctx, v, q_heads // kv_heads)
+    y, _ = attend(ctx, q, k, v, bias, mask is not None, n.get("scale"))
+    return y
+
+
+@aten("transformers.grouped_mm_fallback.default")
+def grouped_mm(ctx: Lowering, n: AtenNode) -> str:
+    """A mixture of experts' matmul, as Hugging Face transformers exports torch._grouped_mm for
+    float32 (its custom op `transformers::grouped_mm_fallback`): x [S, K]'s rows are sorted by
+    expert, offs[e] ends expert e's rows, and row s is multiplied by w[e(s)], where e(s) counts
+    the ends <= s; rows past the last end are zero. The groups depend on the data, the shapes do
+    not: every expert's product is taken for every row, of x with the other experts' rows zeroed,
+    and summed over the experts (E times the FLOPs)."""
+    x, w, offs = n["input"], n["weight"], n["offs"]
+    (rows, inner), experts = ctx.shape(x), ctx.shape(w)[0]
+    ends = ctx.reshape(ctx.cast(offs, "int64"), (experts, 1))
+    starts = ctx.const(np.arange(rows, dtype="int64").reshape(1, rows))
+    passed = ctx.elementwise(
+        Prim.OR, ctx.elementwise(Prim.LT, ends, starts), ctx.elementwise(Prim.EQ, ends, starts)
+    )
+    group = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(passed, "int64"), [0])  # [1, S]
+    mine = ctx.elementwise(Prim.EQ, group, ctx.const(np.arange(experts, dtype="int64").reshape(experts, 1)))
+    zero = ctx.scalar(0, ctx.dtype(x))  # (a where, not a product: inf * 0 would be NaN)
+    masked = ctx.elementwise(
+        Prim.WHERE, ctx.reshape(mine, (experts, rows, 1)), ctx.reshape(x, (1, rows, inner)), zero
+    )
+    return ctx.reduce(Prim.REDUCE_SUM, ctx.emit(Prim.MATMUL, masked, w), [0], keepdims=False)
 
 
 @aten("aten.convolution.default")
