@@ -55,12 +55,70 @@ def test_lstm_peepholes_and_gru_linear_before_reset():
     _check("RNN", _inputs("RNN", 1), {"activations": ["Sigmoid"]})
 
 
-def test_recurrent_with_other_activations_or_sequence_lengths_stays_opaque():
-    inputs = _inputs("GRU", 1, initial=True)
-    inputs[4] = np.array([SEQ, SEQ - 2], "int32")  # (lengths known only at run time)
-    model, feeds = one_node_model("GRU", inputs, {"hidden_size": HIDDEN}, 14, 2, ["float32"] * 2)
-    assert [op for op, _ in korch.fission(model).opaque] == ["GRU"]
+@pytest.mark.parametrize(
+    "activations,alpha,beta",
+    [
+        (["Relu"], None, None),
+        (["LeakyRelu"], None, None),  # (alpha 0.01, as the operator's)
+        (["LeakyRelu"], [0.2], None),
+        (["ThresholdedRelu"], [0.3], None),
+        (["Affine"], [0.7], [0.1]),
+        (["ScaledTanh"], [1.5], [0.6]),
+        (["HardSigmoid"], None, None),
+        (["Elu"], [0.5], None),
+        (["Softsign"], None, None),
+        (["Softplus"], None, None),
+    ],
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v, list) else "",
+)
+def test_rnn_activations(activations, alpha, beta):
+    attrs = {"activations": activations}
+    attrs.update({k: v for k, v in (("activation_alpha", alpha), ("activation_beta", beta)) if v})
+    _check("RNN", _inputs("RNN", 1, initial=True), attrs)
+
+
+def test_activation_parameters_are_consumed_by_the_functions_that_take_them():
+    """[Relu, LeakyRelu] with alpha [0.3]: LeakyRelu's 0.3 (Relu takes none); an LSTM's six
+    functions over two directions take theirs in order, defaults after the list runs out."""
+    _check("GRU", _inputs("GRU", 1), {"activations": ["Relu", "LeakyRelu"], "activation_alpha": [0.3]})
+    lstm = ["HardSigmoid", "Affine", "Elu", "Sigmoid", "ScaledTanh", "LeakyRelu"]
+    attrs = {"direction": "bidirectional", "activations": lstm, "activation_alpha": [0.3, 0.8, 0.9, 1.2]}
+    attrs["activation_beta"] = [0.4, 0.05, 0.7]
+    _check("LSTM", _inputs("LSTM", 2, initial=True, peepholes=True), attrs)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_sequence_lengths_known_at_run_time(op, direction):
+    """Past its length a batch entry's state holds and its output is zero; backwards, each entry
+    starts at its own last step."""
+    directions = 2 if direction == "bidirectional" else 1
+    inputs = _inputs(op, directions, initial=True)
+    inputs[4] = np.array([SEQ - 2, SEQ], "int32")
+    _check(op, inputs, {"direction": direction})
+
+
+def test_constant_sequence_lengths():
+    inputs = _inputs("LSTM", 2, initial=True, peepholes=True)
+    inputs[4] = Const(np.array([1, SEQ - 1], "int32"))
+    _check("LSTM", inputs, {"direction": "bidirectional", "clip": 0.9})
+    whole = _inputs("GRU", 1, initial=True)
+    whole[4] = Const(np.array([SEQ, SEQ], "int32"))  # (every sequence whole: nothing to mask)
+    _check("GRU", whole, {})
+
+
+@pytest.mark.parametrize(
+    "op,attrs",
+    [
+        ("RNN", {"activations": ["ThresholdedRelu"]}),  # (ONNX Runtime's default alpha is 0, the spec's 1)
+        ("RNN", {"activations": ["Affine"], "activation_alpha": [0.5]}),  # (no beta)
+        ("LSTM", {"input_forget": 1}),
+    ],
+    ids=["thresholded-default", "affine-no-beta", "input-forget"],
+)
+def test_recurrent_cases_without_an_agreed_meaning_stay_opaque(op, attrs):
+    n_out = 3 if op == "LSTM" else 2
     model, _ = one_node_model(
-        "RNN", _inputs("RNN", 1), {"hidden_size": HIDDEN, "activations": ["Relu"]}, 14, 2, ["float32"] * 2
+        op, _inputs(op, 1), {"hidden_size": HIDDEN, **attrs}, 14, n_out, ["float32"] * n_out
     )
-    assert [op for op, _ in korch.fission(model).opaque] == ["RNN"]
+    assert [op for op, _ in korch.fission(model).opaque] == [op]

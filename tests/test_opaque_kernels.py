@@ -33,22 +33,24 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
 
 
 def rnn_weights():
-    """An RNN over sequences of different lengths (its rule unrolls whole sequences only) between
-    two fusible ops: its lengths and bias small enough to be baked into the kernel, its weight
-    matrices inputs of it (weights), and two outputs, both read."""
+    """An LSTM coupling its input and forget gates (input_forget, which its rule does not take)
+    between two fusible ops: its sequence lengths and bias small enough to be baked into the
+    kernel, its weight matrices inputs of it (weights), and two outputs, both read."""
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
-        helper.make_node("RNN", ["r", "w", "rec", "b", "lengths"], ["seq", "h"], hidden_size=4),
+        helper.make_node(
+            "LSTM", ["r", "w", "rec", "b", "lengths"], ["seq", "h"], hidden_size=4, input_forget=1
+        ),
         helper.make_node("Exp", ["h"], ["y"]),
     ]
     inits = [
-        ("w", rand(1, 4, 8, seed=1) * 0.3),
-        ("rec", rand(1, 4, 4, seed=2) * 0.3),
-        ("b", rand(1, 8, seed=3)),
+        ("w", rand(1, 16, 8, seed=1) * 0.3),
+        ("rec", rand(1, 16, 4, seed=2) * 0.3),
+        ("b", rand(1, 32, seed=3) * 0.2),
         ("lengths", np.array([5, 3], "int32")),
     ]
     outs = [("y", F, [1, 2, 4]), ("seq", F, [5, 1, 2, 4])]
-    return _model(nodes, [("x", F, [5, 2, 8])], outs, inits), "RNN"
+    return _model(nodes, [("x", F, [5, 2, 8])], outs, inits), "LSTM"
 
 
 def resize_cubic_scales():
@@ -72,9 +74,12 @@ def grid_sample_weight():
 
 
 def rnn_last_state_only():
-    """An RNN (with Relu, which its rule does not take) whose sequence output is never read: the
-    kernel writes one of its two outputs, which must be the last hidden state."""
-    node = helper.make_node("RNN", ["x", "w", "rec"], ["seq", "h"], hidden_size=3, activations=["Relu"])
+    """An RNN with ThresholdedRelu and no alpha (ONNX Runtime's default, 0, is not the spec's, 1:
+    its rule leaves it whole) whose sequence output is never read: the kernel writes one of its
+    two outputs, which must be the last hidden state."""
+    node = helper.make_node(
+        "RNN", ["x", "w", "rec"], ["seq", "h"], hidden_size=3, activations=["ThresholdedRelu"]
+    )
     inits = [("w", rand(1, 3, 6, seed=1) * 0.3), ("rec", rand(1, 3, 3, seed=2) * 0.3)]
     return _model([node], [("x", F, [4, 2, 6])], [("h", F, [1, 2, 3])], inits), "RNN"
 

@@ -4,12 +4,29 @@ weights and the gates' elementwise work."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from korch.frontend.lowering import Lowering, OnnxNode, fission
-from korch.frontend.rules_elementwise import clip_core
+from korch.frontend.rules_elementwise import clip_core, elu_core, hard_sigmoid_core, softplus_core
 from korch.frontend.rules_linear import matmul
 from korch.prims import Prim
 
-_ACTIVATIONS = {"Sigmoid": Prim.SIGMOID, "Tanh": Prim.TANH}
+# each activation's (alpha, beta), as many as it takes, defaulting as the operator of its name
+# does; None where ONNX Runtime's default is not the spec's (ThresholdedRelu: 0, not 1) or there
+# is no operator (Affine, ScaledTanh): those must be given
+_PARAMS = {
+    "Relu": (),
+    "Tanh": (),
+    "Sigmoid": (),
+    "Softsign": (),
+    "Softplus": (),
+    "LeakyRelu": (0.01,),
+    "ThresholdedRelu": (None,),
+    "Elu": (1.0,),
+    "HardSigmoid": (0.2, 0.5),
+    "Affine": (None, None),
+    "ScaledTanh": (None, None),
+}
 _DEFAULTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}  # (ONNX's gate order: GRU z, r, h; LSTM i, o, f, c)
 
@@ -22,7 +39,7 @@ def _direction(ctx: Lowering, v: str, d: int) -> str:
 class _Cell:
     """One direction of one recurrent operator: its weights, activations and step."""
 
-    def __init__(self, ctx: Lowering, n: OnnxNode, d: int, hidden: int, acts: list[str]):
+    def __init__(self, ctx: Lowering, n: OnnxNode, d: int, hidden: int, acts: list[Activation]):
         self.ctx, self.op, self.hidden, self.acts = ctx, n.op_type, hidden, acts
         self.clip = n.attr("clip", None)
         width = _GATES[self.op] * hidden
@@ -43,7 +60,7 @@ class _Cell:
         ctx = self.ctx
         if gate and self.clip is not None:
             v = clip_core(ctx, v, ctx.scalar(-self.clip, ctx.dtype(v)), ctx.scalar(self.clip, ctx.dtype(v)))
-        return ctx.unary(_ACTIVATIONS[self.acts[i]], v)
+        return self.acts[i](ctx, v)
 
     def recurrent(self, h: str, first: int, count: int) -> str:
         """h @ R^T + Rb for gates first .. first + count - 1: [batch, count * H]."""
@@ -86,14 +103,57 @@ class _Cell:
         return mul(self.act(0, pre[1]), self.act(2, c, gate=False)), c
 
 
-def _activations(ctx: Lowering, n: OnnxNode, directions: int) -> list[list[str]]:
+Activation = Callable[[Lowering, str], str]
+
+
+def _activations(ctx: Lowering, n: OnnxNode, directions: int) -> list[list[Activation]]:
+    """Each direction's activation functions. activation_alpha and activation_beta are consumed
+    in order by the functions that take them (as ONNX Runtime reads them)."""
     per = len(_DEFAULTS[n.op_type])
     names = n.attr("activations", None) or _DEFAULTS[n.op_type] * directions
-    if n.attr("activation_alpha", None) or n.attr("activation_beta", None):
-        ctx.unsupported(f"{n.op_type} activations with alpha or beta")
-    if len(names) != per * directions or any(a not in _ACTIVATIONS for a in names):
+    if len(names) != per * directions or any(a not in _PARAMS for a in names):
         ctx.unsupported(f"{n.op_type} activations {names}")
-    return [list(names[d * per : (d + 1) * per]) for d in range(directions)]
+    alphas, betas = iter(n.attr("activation_alpha", None) or ()), iter(n.attr("activation_beta", None) or ())
+    fns = []
+    for name in names:
+        params = [next(given, default) for given, default in zip((alphas, betas), _PARAMS[name])]
+        if None in params:
+            ctx.unsupported(f"{n.op_type} activation {name} without its alpha and beta")
+        fns.append(_activation(name, *params))
+    return [fns[d * per : (d + 1) * per] for d in range(directions)]
+
+
+def _activation(name: str, alpha: float = 0.0, beta: float = 0.0) -> Activation:
+    """ONNX's recurrent activation functions (the RNN operator's list)."""
+
+    def apply(ctx: Lowering, v: str) -> str:
+        def s(value: float) -> str:
+            return ctx.scalar(value, ctx.dtype(v))
+
+        if name in ("Tanh", "Sigmoid"):
+            return ctx.unary(Prim.TANH if name == "Tanh" else Prim.SIGMOID, v)
+        if name == "Relu":
+            return ctx.elementwise(Prim.MAX, v, s(0))
+        if name == "Affine":
+            return ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, v, s(alpha)), s(beta))
+        if name == "LeakyRelu":
+            negative = ctx.elementwise(Prim.LT, v, s(0))
+            return ctx.elementwise(Prim.WHERE, negative, ctx.elementwise(Prim.MUL, v, s(alpha)), v)
+        if name == "ThresholdedRelu":
+            return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.GT, v, s(alpha)), v, s(0))
+        if name == "ScaledTanh":
+            return ctx.elementwise(
+                Prim.MUL, ctx.unary(Prim.TANH, ctx.elementwise(Prim.MUL, v, s(beta))), s(alpha)
+            )
+        if name == "HardSigmoid":
+            return hard_sigmoid_core(ctx, v, alpha, beta)
+        if name == "Elu":
+            return elu_core(ctx, v, alpha)
+        if name == "Softsign":
+            return ctx.elementwise(Prim.DIV, v, ctx.elementwise(Prim.ADD, ctx.unary(Prim.ABS, v), s(1)))
+        return softplus_core(ctx, v)  # (Softplus)
+
+    return apply
 
 
 @fission("RNN", 7, 14)
@@ -101,7 +161,8 @@ def _activations(ctx: Lowering, n: OnnxNode, directions: int) -> list[list[str]]
 @fission("LSTM", 7, 14)
 def recurrent(ctx: Lowering, n: OnnxNode) -> list[str]:
     """Y [seq, directions, batch, H], Y_h [directions, batch, H] (LSTM: Y_c too); layout 1 puts
-    the batch first. A reverse direction runs its steps backwards."""
+    the batch first. A reverse direction runs its steps backwards. With sequence_lens, a batch
+    entry's steps past its length keep its state and output zeros."""
     x, w = n.inputs[0], n.inputs[1]
     if n.attr("layout", 0):
         x = ctx.transpose(x, (1, 0, 2))
@@ -112,9 +173,10 @@ def recurrent(ctx: Lowering, n: OnnxNode) -> list[str]:
     n.attr("hidden_size", hidden)
     if n.op_type == "LSTM" and n.attr("input_forget", 0):
         ctx.unsupported("LSTM with input_forget")
-    lengths = ctx.const_value(n.input(4))
-    if n.input(4) is not None and (lengths is None or (lengths != seq).any()):
-        ctx.unsupported(f"{n.op_type} with sequence lengths other than the whole sequence")
+    lengths = n.input(4)  # (per batch entry: past it the state holds and the output is zero)
+    known = ctx.const_value(lengths)
+    if lengths is not None and known is not None and (known == seq).all():
+        lengths = None
     acts = _activations(ctx, n, directions)
     ys, hs, cs = [], [], []
     for d in range(directions):
@@ -133,8 +195,17 @@ def recurrent(ctx: Lowering, n: OnnxNode) -> list[str]:
         outs = {}
         backwards = direction == "reverse" or d == 1
         for t in reversed(range(seq)) if backwards else range(seq):
-            h, c = cell.step(ctx.reshape(ctx.slice_axis(projected, 0, t, 1), (batch, width)), h, c)
-            outs[t] = ctx.reshape(h, (1, 1, batch, hidden))
+            new_h, new_c = cell.step(ctx.reshape(ctx.slice_axis(projected, 0, t, 1), (batch, width)), h, c)
+            if lengths is None:
+                h, c, y = new_h, new_c, new_h
+            else:  # (backwards, each sequence starts at its own last step)
+                live = ctx.reshape(
+                    ctx.elementwise(Prim.LT, ctx.scalar(t, "int64"), ctx.cast(lengths, "int64")), (batch, 1)
+                )
+                h = ctx.elementwise(Prim.WHERE, live, new_h, h)
+                c = None if c is None else ctx.elementwise(Prim.WHERE, live, new_c, c)
+                y = ctx.elementwise(Prim.WHERE, live, new_h, ctx.scalar(0, ctx.dtype(new_h)))
+            outs[t] = ctx.reshape(y, (1, 1, batch, hidden))
         ys.append(ctx.concat([outs[t] for t in range(seq)], 0))
         hs.append(ctx.reshape(h, (1, batch, hidden)))
         cs.append(None if c is None else ctx.reshape(c, (1, batch, hidden)))
