@@ -44,3 +44,55 @@ def test_an_attention_model_optimizes_into_fused_kernels_that_match_onnxruntime(
     np.testing.assert_allclose(
         plan(**feeds)[0], check.onnxruntime_outputs(model, feeds)["out0"], rtol=1e-4, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_over_an_external_cache_with_key_lengths_known_at_run_time(causal):
+    """nonpad_kv_seqlen (opset 24): per batch entry, the keys past its length are padding and
+    the causal frontier ends at its last real key; a decode step of grouped-query attention."""
+    q, k, v = rand(3, 4, 1, 8, seed=1), rand(3, 2, 6, 8, seed=2), rand(3, 2, 6, 8, seed=3)
+    lengths = np.array([6, 2, 4], "int64")
+    check_op("Attention", [q, k, v, None, None, None, lengths], {"is_causal": causal}, opset=24)
+    prefill = [rand(2, 2, 3, 8, seed=4), rand(2, 2, 5, 8, seed=5), rand(2, 2, 5, 8, seed=6)]
+    check_op(
+        "Attention",
+        [*prefill, rand(3, 5, seed=7), None, None, np.array([5, 3], "int64")],
+        {"is_causal": causal},
+        opset=24,
+    )
+
+
+@pytest.mark.parametrize("opset", [23, 24])
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_rotary_embedding(interleaved, opset):
+    """Positions read from the caches at run time (4D input, every feature rotated; 3D input with
+    num_heads, half of each head rotated), or caches already per position."""
+    cos, sin = rand(10, 4, seed=1), rand(10, 4, seed=2)
+    positions = np.array([[0, 3, 9], [2, 2, 5]], "int64")
+    attrs = {"interleaved": interleaved}
+    check_op(
+        "RotaryEmbedding",
+        [rand(2, 3, 3, 8, seed=3).transpose(0, 2, 1, 3).copy(), cos, sin, positions],
+        attrs,
+        opset=opset,
+    )
+    attrs.update(num_heads=2, rotary_embedding_dim=8)
+    check_op("RotaryEmbedding", [rand(2, 3, 32, seed=4), cos, sin, positions], attrs, opset=opset)
+    check_op(
+        "RotaryEmbedding",
+        [rand(2, 3, 32, seed=5), rand(2, 3, 4, seed=6), rand(2, 3, 4, seed=7)],
+        attrs,
+        opset=opset,
+    )
+
+
+def test_sliding_window_attention():
+    """left_window_size and right_window_size (opset 25): query i attends keys i - left .. i +
+    right (from i + the past's length after a cache), with or without the causal frontier."""
+    q, k, v = rand(1, 2, 6, 8, seed=1), rand(1, 2, 6, 8, seed=2), rand(1, 2, 6, 8, seed=3)
+    check_op("Attention", [q, k, v], {"is_causal": 1, "left_window_size": 2}, opset=25)
+    check_op("Attention", [q, k, v], {"left_window_size": 1, "right_window_size": 3}, opset=25)
+    past = [rand(1, 2, 4, 8, seed=4), rand(1, 2, 4, 8, seed=5)]
+    check_op(
+        "Attention", [q, k, v, None, *past], {"is_causal": 1, "left_window_size": 3}, opset=25, n_outputs=3
+    )

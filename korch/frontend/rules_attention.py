@@ -1,7 +1,8 @@
 """ONNX's Attention operator (opset 23 on; what torch.onnx exports scaled_dot_product_attention as)
-split into matmuls, a mask, a softmax and elementwise work, so its pieces fuse like any other's.
-The semantics are the spec's reference (onnx.reference.ops.op_attention); what a rule cannot know
-at compile time (per-batch key lengths, nonpad_kv_seqlen) leaves the node whole."""
+split into matmuls, a mask, a softmax and elementwise work, so its pieces fuse like any other's;
+RotaryEmbedding (opset 23) as slices, products and a concatenation.
+The semantics are the spec's reference (onnx.reference.ops.op_attention), sliding windows and
+per-batch key lengths (nonpad_kv_seqlen, known at run time) among them."""
 
 from __future__ import annotations
 
@@ -60,12 +61,14 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     dtype = ctx.dtype(q)
     if dtype not in FLOAT_DTYPES:
         raise KorchError(f"Attention on {dtype}")
-    if n.input(6) is not None:
-        ctx.unsupported("Attention with nonpad_kv_seqlen (key lengths known only at run time)")
-    if n.attr("left_window_size", -1) != -1 or n.attr("right_window_size", -1) != -1:
-        ctx.unsupported("Attention with a sliding window")
+    nonpad = n.input(6)  # (per batch entry, how many keys are real: an external cache)
+    left, right = n.attr("left_window_size", -1), n.attr("right_window_size", -1)
     if (past_k is None) != (past_v is None):
         raise KorchError("Attention needs past_key and past_value together")
+    if nonpad is not None and past_k is not None:
+        raise KorchError("Attention takes nonpad_kv_seqlen or a past cache, not both")
+    if min(left, right) < -1:
+        raise KorchError(f"Attention window sizes {left, right} must be -1 or nonnegative")
     three_d = ctx.rank(q) == 3
     q_heads, kv_heads = n.attr("q_num_heads", None), n.attr("kv_num_heads", None)
     if three_d:
@@ -79,13 +82,26 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     present = [k, v]
     q_len, kv_len = ctx.shape(q)[2], ctx.shape(k)[2]
 
-    # the additive bias: the mask, the causal frontier (bottom-right aligned after a cache)
+    # the additive bias: the mask; the causal frontier and the sliding window, both aligned
+    # bottom-right: query i sits at i + offset, offset the past's length or, per batch entry,
+    # nonpad_kv_seqlen - q_len; the padding past nonpad_kv_seqlen
     bias = None if mask is None else _mask_bias(ctx, mask, kv_len, dtype)
-    if n.attr("is_causal", 0):
+    if nonpad is not None:
+        lengths = ctx.reshape(ctx.cast(nonpad, "int64"), (ctx.shape(nonpad)[0], 1, 1, 1))
+        offset = ctx.elementwise(Prim.SUB, lengths, ctx.scalar(q_len, "int64"))
+    else:
         offset = ctx.shape(past_k)[2] if past_k is not None else 0
-        allowed = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + offset
-        causal = ctx.const(np.where(allowed, 0, -np.inf).astype(dtype))
-        bias = causal if bias is None else ctx.elementwise(Prim.ADD, bias, causal)
+    bands = [(0, None)] if n.attr("is_causal", 0) else []  # (bounds of (i + offset) - j)
+    if left >= 0 or right >= 0:
+        bands.append((-right if right >= 0 else None, left if left >= 0 else None))
+    for low, high in bands:
+        band = _band(ctx, q_len, kv_len, offset, low, high, dtype)
+        bias = band if bias is None else ctx.elementwise(Prim.ADD, bias, band)
+    if nonpad is not None:
+        keys = ctx.const(np.arange(kv_len, dtype="int64").reshape(1, 1, 1, kv_len))
+        real = ctx.elementwise(Prim.LT, keys, lengths)
+        padding = ctx.elementwise(Prim.WHERE, real, ctx.scalar(0, dtype), ctx.scalar(-math.inf, dtype))
+        bias = padding if bias is None else ctx.elementwise(Prim.ADD, bias, padding)
 
     q_count, kv_count = ctx.shape(q)[1], ctx.shape(k)[1]
     if q_count != kv_count:
@@ -97,15 +113,38 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
         raise KorchError(f"qk_matmul_output_mode {mode} is not 0, 1, 2 or 3")
     precision = n.attr("softmax_precision", None)
     precision = onnx_dtype(precision) if precision else None
-    y, stages = attend(
-        ctx, q, k, v, bias, mask is not None, n.attr("scale", None), n.attr("softcap", 0.0), precision
-    )
+    masked = mask is not None or nonpad is not None or len(bands) > bool(n.attr("is_causal", 0))
+    y, stages = attend(ctx, q, k, v, bias, masked, n.attr("scale", None), n.attr("softcap", 0.0), precision)
     if three_d:
         b, h, s, d = ctx.shape(y)
         y = ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, s, h * d))
     # the scaled scores (mode 0: the spec's text and ONNX Runtime; onnx's reference applies the
     # softcap first), after the softcap (1), with the bias too (2), the probabilities (3)
     return [y, *present, stages[mode]][: n.n_outputs]
+
+
+def _band(
+    ctx: Lowering, q_len: int, kv_len: int, offset, low: int | None, high: int | None, dtype: str
+) -> str:
+    """An additive bias [q, kv] (or [batch, 1, q, kv]) letting query i attend key j where
+    low <= (i + offset) - j <= high (None: no bound); offset an int or a [batch, 1, 1, 1] value."""
+    diff = np.arange(q_len)[:, None] - np.arange(kv_len)[None, :]
+    if isinstance(offset, int):
+        d = diff + offset
+        allowed = np.ones(d.shape, bool)
+        if low is not None:
+            allowed &= d >= low
+        if high is not None:
+            allowed &= d <= high
+        return ctx.const(np.where(allowed, 0, -np.inf).astype(dtype))
+    d = ctx.elementwise(Prim.ADD, ctx.const(diff), offset)
+    tests = []
+    if low is not None:
+        tests.append(ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, d, ctx.scalar(low, "int64"))))
+    if high is not None:
+        tests.append(ctx.unary(Prim.NOT, ctx.elementwise(Prim.GT, d, ctx.scalar(high, "int64"))))
+    allowed = tests[0] if len(tests) == 1 else ctx.elementwise(Prim.AND, *tests)
+    return ctx.elementwise(Prim.WHERE, allowed, ctx.scalar(0, dtype), ctx.scalar(-math.inf, dtype))
 
 
 def attend(
@@ -142,3 +181,54 @@ def attend(
         probs = ctx.elementwise(Prim.WHERE, attended, probs, ctx.scalar(0, ctx.dtype(probs)))
     probs = ctx.cast(probs, dtype)
     return matmul(ctx, probs, v), (raw, capped, scores, probs)
+
+
+@fission("RotaryEmbedding", 23)
+def rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """x's first rotary_embedding_dim features of each head rotated pairwise by the cached angles
+    of their positions (the spec's function): a pair is the two halves of those features, or two
+    neighbours (interleaved); the other features pass through. x is [batch, heads, seq, size], or
+    [batch, seq, heads * size] with num_heads; the caches are [positions, dim / 2], read at
+    position_ids, or [batch, seq, dim / 2] already read."""
+    x, cos, sin = n.inputs[:3]
+    positions = n.input(3)
+    if ctx.rank(x) == 3:
+        heads = n.attr("num_heads", 0)
+        if not heads:
+            raise KorchError("RotaryEmbedding on a 3D input needs num_heads")
+        batch, seq, hidden = ctx.shape(x)
+        rows = ctx.reshape(x, (batch, seq, heads, hidden // heads))
+    elif ctx.rank(x) == 4:
+        rows = ctx.transpose(x, (0, 2, 1, 3))
+    else:
+        raise KorchError(f"RotaryEmbedding on a rank-{ctx.rank(x)} input")
+    batch, seq, heads, size = ctx.shape(rows)
+    dim = n.attr("rotary_embedding_dim", 0) or size
+    half = dim // 2
+    if positions is not None:
+        cos, sin = (ctx.emit(Prim.GATHER, c, positions, axis=0) for c in (cos, sin))
+    if ctx.shape(cos)[-1] != half or ctx.shape(sin)[-1] != half:
+        raise KorchError(
+            f"RotaryEmbedding caches of width {ctx.shape(cos)[-1]}, not rotary_embedding_dim / 2 = {half}"
+        )
+    cos, sin = (ctx.reshape(c, (*ctx.shape(c)[:2], 1, half)) for c in (cos, sin))
+    rotated = ctx.slice_axis(rows, 3, 0, dim)
+    if n.attr("interleaved", 0):
+        x1, x2 = ctx.slice_axis(rotated, 3, 0, half, 2), ctx.slice_axis(rotated, 3, 1, half, 2)
+    else:
+        x1, x2 = ctx.slice_axis(rotated, 3, 0, half), ctx.slice_axis(rotated, 3, half, half)
+
+    def mul(a: str, b: str) -> str:
+        return ctx.elementwise(Prim.MUL, a, b)
+
+    real = ctx.elementwise(Prim.SUB, mul(cos, x1), mul(sin, x2))
+    imag = ctx.elementwise(Prim.ADD, mul(sin, x1), mul(cos, x2))
+    if n.attr("interleaved", 0):
+        pairs = [ctx.reshape(v, (batch, seq, heads, half, 1)) for v in (real, imag)]
+        rotated = ctx.reshape(ctx.concat(pairs, 4), (batch, seq, heads, dim))
+    else:
+        rotated = ctx.concat([real, imag], 3)
+    out = rotated if dim == size else ctx.concat([rotated, ctx.slice_axis(rows, 3, dim, size - dim)], 3)
+    if ctx.rank(x) == 3:
+        return [ctx.reshape(out, ctx.shape(x))]
+    return [ctx.transpose(out, (0, 2, 1, 3))]
