@@ -78,6 +78,7 @@ def main() -> None:
         plan = korch.optimize(module, (ids,), time_budget=args.time_budget, cache=cache)
         peers = ("torch-compile", "eager")
     optimize_s = time.perf_counter() - started
+    plan.save(f"{args.dir}/{args.kind}{args.tokens}-plan")  # (korch explain DIR/...-plan)
     kernels = f"{len(plan.kernels)} kernels ({', '.join(sorted({k.backend for k in plan.kernels}))})"
     print(f"optimize {optimize_s:.1f} s: {kernels}, verify {plan.verify():.1e}")
     result = bench(plan, peers, rounds=10, module=module)

@@ -123,20 +123,36 @@ def _is_int(value) -> bool:
 def add_seeds(graph: Graph, found: CandidateSet) -> int:
     """Each partition, and the whole graph, as one candidate: the onnxruntime and inductor backends
     then price running them their own way, and the plan is never worse than that (as measured).
-    The whole graph's key says it is a plan by itself (korch.kernel.runs_alone)."""
+    The whole graph's key says it is a plan by itself (korch.kernel.runs_alone). Around a
+    primitive that no kernel generator fuses (an opaque operator, a grouped matmul), the runs of
+    primitives between such ones are the seeds instead (a run of a topological order is convex)."""
     keys = _KeyMaker(graph)
     seeds = [
-        make_candidate(graph, range(part.start, part.stop), part.index, keys, seed=True)
+        make_candidate(graph, range(start, stop), part.index, keys, seed=True)
         for part in found.partitions
-        if part.size > 1
+        for start, stop in _runs(graph, part.start, part.stop)
     ]
-    if len(found.partitions) > 1:
+    if len(found.partitions) > 1 and _runs(graph, 0, len(graph.nodes)) == [(0, len(graph.nodes))]:
         seeds.append(make_candidate(graph, range(len(graph.nodes)), WHOLE_GRAPH, keys, seed=True))
     for cand in seeds:
         if len(cand.nodes) == len(graph.nodes):
             cand = dataclasses.replace(cand, key=WHOLE_GRAPH_PREFIX + cand.key)
         found.candidates.append(cand)
     return len(seeds)
+
+
+_UNFUSED = (Prim.OPAQUE, Prim.GROUPED_MATMUL)  # (run alone: ONNX Runtime's node, vendor and eager kernels)
+
+
+def _runs(graph: Graph, start: int, stop: int) -> list[tuple[int, int]]:
+    """Nodes [start, stop) split around the primitives that run alone: the runs of two or more."""
+    runs, first = [], start
+    for i in range(start, stop):
+        if graph.nodes[i].prim in _UNFUSED:
+            runs.append((first, i))
+            first = i + 1
+    runs.append((first, stop))
+    return [(a, b) for a, b in runs if b - a > 1]
 
 
 # bytes: protobuf's limit on one serialized model. The source model reaches the profiling workers

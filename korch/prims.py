@@ -134,6 +134,7 @@ class Prim(str, Enum):
     MATMUL = "matmul"
     CONV = "conv"
     CONV_TRANSPOSE = "conv_transpose"
+    GROUPED_MATMUL = "grouped_matmul"
     # run whole by ONNX Runtime
     OPAQUE = "opaque"
 
@@ -612,6 +613,39 @@ def _matmul_infer(types, attrs):
 
 
 _define(Prim.MATMUL, Kind.LINEAR, _matmul_infer, lambda xs, a: [np.matmul(xs[0], xs[1])])
+
+
+def _grouped_matmul_infer(types, attrs):
+    _arity(types, 3, "grouped_matmul")
+    x, w, ends = types
+    dtype = _same_dtype(types[:2], "grouped_matmul", _NUMERIC)
+    _check(x.rank == 2 and w.rank == 3 and ends.rank == 1, "grouped_matmul: x [S, K], w [E, K, N], ends [E]")
+    _check(
+        x.shape[1] == w.shape[1] and ends.shape[0] == w.shape[0],
+        f"grouped_matmul: {x.shape}, {w.shape}, {ends.shape}",
+    )
+    _check(ends.dtype in ("int32", "int64"), "grouped_matmul: integer ends")
+    return [TensorType((x.shape[0], w.shape[2]), dtype)]
+
+
+def _grouped_rows(ends: np.ndarray, rows: int) -> np.ndarray:
+    """Each row's group: how many ends are <= the row (E, past the last end: no group)."""
+    return (ends.reshape(-1, 1) <= np.arange(rows)).sum(0)
+
+
+def _grouped_matmul_ref(xs, a):
+    x, w, ends = xs
+    group = _grouped_rows(ends, x.shape[0])
+    out = np.zeros((x.shape[0], w.shape[2]), dtype=x.dtype)
+    for e in range(w.shape[0]):
+        mine = group == e
+        out[mine] = x[mine] @ w[e]
+    return [out]
+
+
+# a mixture of experts' matmul: row s of x times w[g(s)], g(s) = how many ends are <= s (rows past
+# the last end are zero); with sorted ends, the rows of group e are ends[e-1] .. ends[e] - 1
+_define(Prim.GROUPED_MATMUL, Kind.LINEAR, _grouped_matmul_infer, _grouped_matmul_ref)
 
 
 def _conv_attrs(a, nd):

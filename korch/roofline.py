@@ -50,7 +50,7 @@ def measure_ceilings(device: str = "cpu") -> dict:
 
 def node_flops(node: Node, types) -> int:
     """Multiply-adds counted as two FLOPs, for linear primitives only (0 for anything else)."""
-    if node.prim is Prim.MATMUL:
+    if node.prim in (Prim.MATMUL, Prim.GROUPED_MATMUL):
         a, out = types[node.inputs[0]], types[node.outputs[0]]
         return 2 * out.numel * a.shape[-1]
     if node.prim is Prim.CONV:

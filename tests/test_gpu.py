@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from test_backends import CASES, _whole_graph_spec
+from test_backends import CASES, _whole_graph_spec, grouped_matmul_spec
 from test_bench import FAST, Attention
 
 from korch.backends import get_backends, hold_device, timing_events
@@ -51,6 +51,21 @@ def test_cuda_backend_matches_reference(case, backend):
     assert check_kernel([o.cpu() for o in outs], want, spec.graph) is None
     median, low, high, n, *_ = time_fn(compiled.fn, tensors, "cuda", min_time=0.01)
     assert 0 < low <= median <= high and n >= 5
+
+
+def test_grouped_matmul_on_cuda_replays_in_a_cuda_graph():
+    """Reading the groups' ends on the host would break CUDA graph capture: on a GPU the vendor
+    kernel takes every group's product for every row, masked."""
+    spec, inputs, want = grouped_matmul_spec([3, 3, 8, 10])
+    fn = get_backends(["vendor"])[0].compile(spec, "cuda").fn
+    tensors = [torch.as_tensor(np.asarray(x)).cuda() for x in inputs]
+    fn(*tensors)  # (warm-up, outside the capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fn(*tensors)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert check_kernel([o.cpu() for o in outs], want, spec.graph) is None
 
 
 @pytest.fixture(scope="module")

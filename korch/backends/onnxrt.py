@@ -287,6 +287,8 @@ class OnnxRuntimeBackend(Backend):
             return "an opaque operator runs alone (its one-operator model has an opset of its own)"
         if _unfused_window(spec.graph):
             return "window outside a pool has no ONNX equivalent"
+        if any(n.prim is Prim.GROUPED_MATMUL for n in nodes):
+            return "a grouped matmul has no ONNX equivalent"
         if device.startswith("cuda"):
             import onnxruntime
 

@@ -153,6 +153,34 @@ def _scatter(data, index, updates, reduction: str):
     return data.scatter_reduce(0, rows, updates, _SCATTER_REDUCE[reduction], include_self=True)
 
 
+def _grouped_matmul(x, w, ends):
+    """On the CPU each group's rows by their matmul (slices where the ends are sorted); on a GPU,
+    where reading the ends on the host would keep the plan from replaying as a CUDA graph, every
+    group's product for every row, the others' rows zeroed."""
+    if x.is_cuda:
+        return grouped_matmul_dense(x, w, ends)
+    rows, groups = x.shape[0], w.shape[0]
+    group = (ends.reshape(-1, 1) <= torch.arange(rows, device=x.device)).sum(0)
+    out = x.new_zeros(rows, w.shape[2])
+    bounds = [0, *ends.tolist()]
+    if all(0 <= a <= b <= rows for a, b in zip(bounds, bounds[1:])):
+        for e in range(groups):
+            if bounds[e + 1] > bounds[e]:
+                torch.matmul(x[bounds[e] : bounds[e + 1]], w[e], out=out[bounds[e] : bounds[e + 1]])
+        return out
+    for e in range(groups):
+        mine = (group == e).nonzero().squeeze(1)
+        out[mine] = x[mine] @ w[e]
+    return out
+
+
+def grouped_matmul_dense(x, w, ends):
+    """The grouped matmul without a host sync: every group's product for every row, masked."""
+    group = (ends.reshape(-1, 1) <= torch.arange(x.shape[0], device=x.device)).sum(0)
+    mine = group == torch.arange(w.shape[0], device=x.device).reshape(-1, 1)
+    return torch.matmul(torch.where(mine.unsqueeze(-1), x, 0), w).sum(0)
+
+
 def _conv(x, w, a):
     nd = w.dim() - 2
     pads = a["pads"]
@@ -200,6 +228,7 @@ def apply(prim: Prim, xs: Sequence[torch.Tensor], a: dict) -> list[torch.Tensor]
         Prim.WINDOW: lambda: _window(xs[0], a),
         Prim.SCATTER: lambda: _scatter(xs[0], xs[1], xs[2], a["reduction"]),
         Prim.MATMUL: lambda: torch.matmul(xs[0], xs[1]),
+        Prim.GROUPED_MATMUL: lambda: _grouped_matmul(xs[0], xs[1], xs[2]),
         Prim.CONV: lambda: _conv(xs[0], xs[1], a),
         Prim.CONV_TRANSPOSE: lambda: _conv_transpose(xs[0], xs[1], a),
     }

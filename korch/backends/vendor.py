@@ -76,7 +76,7 @@ class VendorBackend(Backend):
                 return [conv(x, w, bias, list(a["strides"]), pad, list(a["dilations"]), a["group"])]
             if lin.prim is Prim.MATMUL and bias is not None and x.dim() >= 2 and w.dim() == 2:
                 return [F.linear(x, w.t(), bias)]
-            (y,) = apply(lin.prim, [x, w], a)
+            (y,) = apply(lin.prim, [x, w, *(fetch(v, inputs) for v in lin.inputs[2:])], a)
             if bias is not None:
                 shape = [1] * y.dim()
                 shape[1 if lin.prim is Prim.CONV else -1] = -1

@@ -375,25 +375,9 @@ def scaled_dot_product_attention(ctx: Lowering, n: AtenNode) -> str:
 @aten("transformers.grouped_mm_fallback.default")
 def grouped_mm(ctx: Lowering, n: AtenNode) -> str:
     """A mixture of experts' matmul, as Hugging Face transformers exports torch._grouped_mm for
-    float32 (its custom op `transformers::grouped_mm_fallback`): x [S, K]'s rows are sorted by
-    expert, offs[e] ends expert e's rows, and row s is multiplied by w[e(s)], where e(s) counts
-    the ends <= s; rows past the last end are zero. The groups depend on the data, the shapes do
-    not: every expert's product is taken for every row, of x with the other experts' rows zeroed,
-    and summed over the experts (E times the FLOPs)."""
-    x, w, offs = n["input"], n["weight"], n["offs"]
-    (rows, inner), experts = ctx.shape(x), ctx.shape(w)[0]
-    ends = ctx.reshape(ctx.cast(offs, "int64"), (experts, 1))
-    starts = ctx.const(np.arange(rows, dtype="int64").reshape(1, rows))
-    passed = ctx.elementwise(
-        Prim.OR, ctx.elementwise(Prim.LT, ends, starts), ctx.elementwise(Prim.EQ, ends, starts)
-    )
-    group = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(passed, "int64"), [0])  # [1, S]
-    mine = ctx.elementwise(Prim.EQ, group, ctx.const(np.arange(experts, dtype="int64").reshape(experts, 1)))
-    zero = ctx.scalar(0, ctx.dtype(x))  # (a where, not a product: inf * 0 would be NaN)
-    masked = ctx.elementwise(
-        Prim.WHERE, ctx.reshape(mine, (experts, rows, 1)), ctx.reshape(x, (1, rows, inner)), zero
-    )
-    return ctx.reduce(Prim.REDUCE_SUM, ctx.emit(Prim.MATMUL, masked, w), [0], keepdims=False)
+    float32 (its custom op `transformers::grouped_mm_fallback`): x [S, K]'s rows sorted by
+    expert, offs[e] the end of expert e's rows; one grouped_matmul primitive."""
+    return ctx.emit(Prim.GROUPED_MATMUL, n["input"], n["weight"], n["offs"])
 
 
 @aten("aten.convolution.default")
