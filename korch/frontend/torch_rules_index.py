@@ -1,7 +1,6 @@
 """ATen rules that write by index or order by value: index_put (x[i] = v), put, masked_scatter, the
 scatters, slice, diagonal and strided assignment; sort, topk, kthvalue, the medians, bucketize,
-histc;
-the running product, max, min and log-sum-exp."""
+histc; the running product, max, min and log-sum-exp."""
 
 from __future__ import annotations
 
