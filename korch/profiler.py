@@ -445,8 +445,9 @@ def profile(
     device = device_name(options.device)
     result = ProfileResult()
     representative = {}
-    for c in candidates.candidates:
-        representative.setdefault(c.key, c)
+    for c in candidates.candidates:  # (a seed's key may also be an enumerated candidate's: it is a seed)
+        if c.key not in representative or c.seed and not representative[c.key].seed:
+            representative[c.key] = c
     jobs = []
     for key, cand in representative.items():
         spec = specs[key] if specs and key in specs else kernel_spec(graph, cand)

@@ -182,6 +182,23 @@ def test_without_a_source_model_the_seeds_lead_and_cover(tmp_path):
     )
 
 
+def test_a_seed_that_is_also_an_enumerated_candidate_is_profiled_as_a_seed(tmp_path):
+    """Seeds as small as the enumerated fusions share their keys: the seed must be what is
+    profiled (first), not the enumerated twin (a fusion like any other, skipped past the
+    deadline). The run between a Mixtral layer's two grouped matmuls was never profiled so."""
+    graph = korch.fission(_layernorm_softmax_gelu()).graph
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=4, partition=PartitionOptions(3, 4)))
+    add_seeds(graph, cands)
+    enumerated = {c.key for c in cands.candidates if not c.seed}
+    twins = [c.key for c in cands.candidates if c.seed and c.key in enumerated]
+    assert len(twins) >= 2
+    opts = ProfileOptions(min_time=0.002, progress=False, time_budget=0.0, jobs=1)
+    result = profile(
+        graph, cands, get_backends(["eager", "inductor"]), ProfileDB(tmp_path / "p.sqlite"), opts
+    )
+    assert all(result.profiles[key]["inductor"].status == "ok" for key in twins)
+
+
 @pytest.mark.skipif(
     (os.cpu_count() or 1) < 2 or torch.get_num_threads() != os.cpu_count(),
     reason="needs two cores to tell the shares apart, and the timing worker's threads on all of them",
