@@ -132,7 +132,7 @@ def add_seeds(graph: Graph, found: CandidateSet) -> int:
         for part in found.partitions
         for start, stop in _runs(graph, part.start, part.stop)
     ]
-    if len(found.partitions) > 1 and _runs(graph, 0, len(graph.nodes)) == [(0, len(graph.nodes))]:
+    if len(found.partitions) > 1 and not any(node.prim in _UNFUSED for node in graph.nodes):
         seeds.append(make_candidate(graph, range(len(graph.nodes)), WHOLE_GRAPH, keys, seed=True))
     for cand in seeds:
         if len(cand.nodes) == len(graph.nodes):

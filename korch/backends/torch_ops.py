@@ -159,16 +159,16 @@ def _grouped_matmul(x, w, ends):
     group's product for every row, the others' rows zeroed."""
     if x.is_cuda:
         return grouped_matmul_dense(x, w, ends)
-    rows, groups = x.shape[0], w.shape[0]
-    group = (ends.reshape(-1, 1) <= torch.arange(rows, device=x.device)).sum(0)
+    rows = x.shape[0]
     out = x.new_zeros(rows, w.shape[2])
     bounds = [0, *ends.tolist()]
     if all(0 <= a <= b <= rows for a, b in zip(bounds, bounds[1:])):
-        for e in range(groups):
-            if bounds[e + 1] > bounds[e]:
-                torch.matmul(x[bounds[e] : bounds[e + 1]], w[e], out=out[bounds[e] : bounds[e + 1]])
+        for e, (first, end) in enumerate(zip(bounds, bounds[1:])):
+            if end > first:
+                torch.matmul(x[first:end], w[e], out=out[first:end])
         return out
-    for e in range(groups):
+    group = _groups(x, ends)
+    for e in range(w.shape[0]):
         mine = (group == e).nonzero().squeeze(1)
         out[mine] = x[mine] @ w[e]
     return out
@@ -176,9 +176,13 @@ def _grouped_matmul(x, w, ends):
 
 def grouped_matmul_dense(x, w, ends):
     """The grouped matmul without a host sync: every group's product for every row, masked."""
-    group = (ends.reshape(-1, 1) <= torch.arange(x.shape[0], device=x.device)).sum(0)
-    mine = group == torch.arange(w.shape[0], device=x.device).reshape(-1, 1)
+    mine = _groups(x, ends) == torch.arange(w.shape[0], device=x.device).reshape(-1, 1)
     return torch.matmul(torch.where(mine.unsqueeze(-1), x, 0), w).sum(0)
+
+
+def _groups(x, ends):
+    """Each row's group: how many ends are <= the row (the number of groups past the last end)."""
+    return (ends.reshape(-1, 1) <= torch.arange(x.shape[0], device=x.device)).sum(0)
 
 
 def _conv(x, w, a):

@@ -36,6 +36,11 @@ def repeat_heads(ctx: Lowering, x: str, times: int) -> str:
     return ctx.reshape(wide, (*lead, h * times, s, d))
 
 
+def allowed_bias(ctx: Lowering, allowed: str, dtype: str) -> str:
+    """Where a query may attend a key (booleans) as an additive bias: 0 there, -inf elsewhere."""
+    return ctx.elementwise(Prim.WHERE, allowed, ctx.scalar(0, dtype), ctx.scalar(-math.inf, dtype))
+
+
 def _mask_bias(ctx: Lowering, mask: str, kv_len: int, dtype: str) -> str:
     """An attention mask as an additive bias: booleans say where to attend (0) or not (-inf);
     a mask shorter than the keys is padded with 'do not attend'."""
@@ -50,7 +55,7 @@ def _mask_bias(ctx: Lowering, mask: str, kv_len: int, dtype: str) -> str:
         fill = False if boolean else -math.inf
         mask = ctx.emit(Prim.PAD, mask, pads=pads, mode="constant", value=fill)
     if boolean:
-        mask = ctx.elementwise(Prim.WHERE, mask, ctx.scalar(0, dtype), ctx.scalar(-math.inf, dtype))
+        mask = allowed_bias(ctx, mask, dtype)
     return mask
 
 
@@ -92,15 +97,16 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     else:
         offset = ctx.shape(past_k)[2] if past_k is not None else 0
     bands = [(0, None)] if n.attr("is_causal", 0) else []  # (bounds of (i + offset) - j)
-    if left >= 0 or right >= 0:
+    windowed = left >= 0 or right >= 0
+    if windowed:
         bands.append((-right if right >= 0 else None, left if left >= 0 else None))
     for low, high in bands:
-        band = _band(ctx, q_len, kv_len, offset, low, high, dtype)
+        band = band_bias(ctx, q_len, kv_len, offset, low, high, dtype)
         bias = band if bias is None else ctx.elementwise(Prim.ADD, bias, band)
     if nonpad is not None:
         keys = ctx.const(np.arange(kv_len, dtype="int64").reshape(1, 1, 1, kv_len))
         real = ctx.elementwise(Prim.LT, keys, lengths)
-        padding = ctx.elementwise(Prim.WHERE, real, ctx.scalar(0, dtype), ctx.scalar(-math.inf, dtype))
+        padding = allowed_bias(ctx, real, dtype)
         bias = padding if bias is None else ctx.elementwise(Prim.ADD, bias, padding)
 
     q_count, kv_count = ctx.shape(q)[1], ctx.shape(k)[1]
@@ -113,7 +119,7 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
         raise KorchError(f"qk_matmul_output_mode {mode} is not 0, 1, 2 or 3")
     precision = n.attr("softmax_precision", None)
     precision = onnx_dtype(precision) if precision else None
-    masked = mask is not None or nonpad is not None or len(bands) > bool(n.attr("is_causal", 0))
+    masked = mask is not None or nonpad is not None or windowed
     y, stages = attend(ctx, q, k, v, bias, masked, n.attr("scale", None), n.attr("softcap", 0.0), precision)
     if three_d:
         b, h, s, d = ctx.shape(y)
@@ -123,7 +129,7 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [y, *present, stages[mode]][: n.n_outputs]
 
 
-def _band(
+def band_bias(
     ctx: Lowering, q_len: int, kv_len: int, offset, low: int | None, high: int | None, dtype: str
 ) -> str:
     """An additive bias [q, kv] (or [batch, 1, q, kv]) letting query i attend key j where
@@ -144,7 +150,7 @@ def _band(
     if high is not None:
         tests.append(ctx.unary(Prim.NOT, ctx.elementwise(Prim.GT, d, ctx.scalar(high, "int64"))))
     allowed = tests[0] if len(tests) == 1 else ctx.elementwise(Prim.AND, *tests)
-    return ctx.elementwise(Prim.WHERE, allowed, ctx.scalar(0, dtype), ctx.scalar(-math.inf, dtype))
+    return allowed_bias(ctx, allowed, dtype)
 
 
 def attend(

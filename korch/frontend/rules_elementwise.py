@@ -173,10 +173,13 @@ def relu(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 @fission("LeakyRelu", 1)
 def leaky_relu(ctx: Lowering, n: OnnxNode) -> list[str]:
-    x = n.inputs[0]
-    alpha = n.attr("alpha", 0.01)
+    return [leaky_relu_core(ctx, n.inputs[0], n.attr("alpha", 0.01))]
+
+
+def leaky_relu_core(ctx: Lowering, x: str, alpha: float) -> str:
+    """alpha * x where x < 0, else x."""
     neg = ctx.elementwise(Prim.MUL, x, _s(ctx, x, alpha))
-    return [ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, x, _s(ctx, x, 0)), neg, x)]
+    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, x, _s(ctx, x, 0)), neg, x)
 
 
 @fission("PRelu", 1)
@@ -255,9 +258,12 @@ def softplus(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 @fission("Softsign", 1)
 def softsign(ctx: Lowering, n: OnnxNode) -> list[str]:
-    x = n.inputs[0]
-    denom = ctx.elementwise(Prim.ADD, ctx.unary(Prim.ABS, x), _s(ctx, x, 1))
-    return [ctx.elementwise(Prim.DIV, x, denom)]
+    return [softsign_core(ctx, n.inputs[0])]
+
+
+def softsign_core(ctx: Lowering, x: str) -> str:
+    """x / (1 + |x|)."""
+    return ctx.elementwise(Prim.DIV, x, ctx.elementwise(Prim.ADD, ctx.unary(Prim.ABS, x), _s(ctx, x, 1)))
 
 
 @fission("Mish", 18)
@@ -286,9 +292,12 @@ def gelu_core(ctx: Lowering, x: str, approximate: str) -> str:
 
 @fission("ThresholdedRelu", 10)
 def thresholded_relu(ctx: Lowering, n: OnnxNode) -> list[str]:
-    x = n.inputs[0]
-    keep = ctx.elementwise(Prim.GT, x, _s(ctx, x, n.attr("alpha", 1.0)))
-    return [ctx.elementwise(Prim.WHERE, keep, x, _s(ctx, x, 0))]
+    return [thresholded_relu_core(ctx, n.inputs[0], n.attr("alpha", 1.0))]
+
+
+def thresholded_relu_core(ctx: Lowering, x: str, alpha: float) -> str:
+    """x where x > alpha, else 0."""
+    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.GT, x, _s(ctx, x, alpha)), x, _s(ctx, x, 0))
 
 
 @fission("Clip", 1)

@@ -7,7 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from korch.frontend.lowering import Lowering, OnnxNode, fission
-from korch.frontend.rules_elementwise import clip_core, elu_core, hard_sigmoid_core, softplus_core
+from korch.frontend.rules_elementwise import (
+    clip_core,
+    elu_core,
+    hard_sigmoid_core,
+    leaky_relu_core,
+    softplus_core,
+    softsign_core,
+    thresholded_relu_core,
+)
 from korch.frontend.rules_linear import matmul
 from korch.prims import Prim
 
@@ -137,10 +145,9 @@ def _activation(name: str, alpha: float = 0.0, beta: float = 0.0) -> Activation:
         if name == "Affine":
             return ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, v, s(alpha)), s(beta))
         if name == "LeakyRelu":
-            negative = ctx.elementwise(Prim.LT, v, s(0))
-            return ctx.elementwise(Prim.WHERE, negative, ctx.elementwise(Prim.MUL, v, s(alpha)), v)
+            return leaky_relu_core(ctx, v, alpha)
         if name == "ThresholdedRelu":
-            return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.GT, v, s(alpha)), v, s(0))
+            return thresholded_relu_core(ctx, v, alpha)
         if name == "ScaledTanh":
             return ctx.elementwise(
                 Prim.MUL, ctx.unary(Prim.TANH, ctx.elementwise(Prim.MUL, v, s(beta))), s(alpha)
@@ -150,7 +157,7 @@ def _activation(name: str, alpha: float = 0.0, beta: float = 0.0) -> Activation:
         if name == "Elu":
             return elu_core(ctx, v, alpha)
         if name == "Softsign":
-            return ctx.elementwise(Prim.DIV, v, ctx.elementwise(Prim.ADD, ctx.unary(Prim.ABS, v), s(1)))
+            return softsign_core(ctx, v)
         return softplus_core(ctx, v)  # (Softplus)
 
     return apply

@@ -17,6 +17,7 @@ from korch.frontend.rules_elementwise import (
     gelu_core,
     hard_sigmoid_core,
     isnan_core,
+    leaky_relu_core,
     log1p_core,
     mod_core,
     softplus_core,
@@ -278,9 +279,7 @@ def softplus(ctx: Lowering, n: AtenNode) -> str:
 
 @aten("aten.leaky_relu.default")
 def leaky_relu(ctx: Lowering, n: AtenNode) -> str:
-    x = _x(ctx, n)
-    neg = ctx.elementwise(Prim.MUL, x, _s(ctx, x, n["negative_slope"]))
-    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, x, _s(ctx, x, 0)), neg, x)
+    return leaky_relu_core(ctx, _x(ctx, n), n["negative_slope"])
 
 
 @aten("aten.elu.default")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.aten_lowering import AtenNode, aten, operand, vector
 from korch.frontend.lowering import Lowering, normalize_axes
-from korch.frontend.rules_attention import attend, repeat_heads
+from korch.frontend.rules_attention import allowed_bias, attend, band_bias, repeat_heads
 from korch.frontend.rules_layout import gather_elements_core, slice_bounds, tile_core
 from korch.frontend.rules_linear import add_bias, matmul
 from korch.frontend.rules_pool import (
@@ -352,16 +350,12 @@ def scaled_dot_product_attention(ctx: Lowering, n: AtenNode) -> str:
     q, k, v, mask = n["query"], n["key"], n["value"], n.get("attn_mask")
     if n.get("dropout_p", 0.0):
         raise KorchError("scaled_dot_product_attention with dropout (random numbers) is not supported")
-    dtype, (q_len, kv_len) = ctx.dtype(q), (ctx.shape(q)[-2], ctx.shape(k)[-2])
+    dtype = ctx.dtype(q)
     bias = None
     if mask is not None:
-        if ctx.dtype(mask) == "bool":
-            bias = ctx.elementwise(Prim.WHERE, mask, ctx.scalar(0, dtype), ctx.scalar(-math.inf, dtype))
-        else:
-            bias = ctx.cast(mask, dtype)
-    if n.get("is_causal", False):
-        allowed = np.tril(np.ones((q_len, kv_len), dtype=bool))
-        causal = ctx.const(np.where(allowed, 0, -np.inf).astype(dtype))
+        bias = allowed_bias(ctx, mask, dtype) if ctx.dtype(mask) == "bool" else ctx.cast(mask, dtype)
+    if n.get("is_causal", False):  # (key j for query i where i - j >= 0)
+        causal = band_bias(ctx, ctx.shape(q)[-2], ctx.shape(k)[-2], 0, 0, None, dtype)
         bias = causal if bias is None else ctx.elementwise(Prim.ADD, bias, causal)
     q_heads, kv_heads = ctx.shape(q)[-3], ctx.shape(k)[-3]
     if n.get("enable_gqa", False) and q_heads != kv_heads:
