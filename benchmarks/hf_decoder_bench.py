@@ -2,7 +2,8 @@
 korch and timed against its peers: ONNX Runtime (LLaMA only: the model is exported by torch.onnx's
 dynamo exporter and korch optimizes the ONNX file), torch.compile and eager PyTorch on the
 transformers module itself. Mixtral goes through korch's PyTorch front end (torch.onnx does not
-export transformers' mixtures of experts).
+export transformers' mixtures of experts), and so does either model in bfloat16 (`--dtype
+bfloat16`: ONNX Runtime has no bfloat16 kernels on a CPU).
 
 Needs `transformers` and `onnxscript` (not korch dependencies; see benchmarks/hf_sweep.py).
 """
@@ -55,6 +56,7 @@ def main() -> None:
     parser.add_argument("kind", choices=("llama", "mixtral"))
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--time-budget", type=int, default=120)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--dir", default=".", help="where the ONNX file, profile database and results go")
     args = parser.parse_args()
     import transformers
@@ -63,12 +65,13 @@ def main() -> None:
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
     torch.manual_seed(0)
-    module = Logits(build(args.kind)).eval()
+    module = Logits(build(args.kind)).eval().to(getattr(torch, args.dtype))
     ids = torch.randint(0, BASE["vocab_size"], (1, args.tokens), generator=torch.Generator().manual_seed(0))
     cache = f"{args.dir}/profiles.sqlite"
+    name = f"{args.kind}{args.tokens}" + ("-bf16" if args.dtype == "bfloat16" else "")
     started = time.perf_counter()
-    if args.kind == "llama":
-        path = f"{args.dir}/{args.kind}{args.tokens}.onnx"
+    if args.kind == "llama" and args.dtype == "float32":
+        path = f"{args.dir}/{name}.onnx"
         with torch.no_grad():
             torch.onnx.export(module, (ids,), path, dynamo=True, opset_version=23, input_names=["ids"])
         started = time.perf_counter()
@@ -78,7 +81,7 @@ def main() -> None:
         plan = korch.optimize(module, (ids,), time_budget=args.time_budget, cache=cache)
         peers = ("torch-compile", "eager")
     optimize_s = time.perf_counter() - started
-    plan.save(f"{args.dir}/{args.kind}{args.tokens}-plan")  # (korch explain DIR/...-plan)
+    plan.save(f"{args.dir}/{name}-plan")  # (korch explain DIR/...-plan)
     kernels = f"{len(plan.kernels)} kernels ({', '.join(sorted({k.backend for k in plan.kernels}))})"
     print(f"optimize {optimize_s:.1f} s: {kernels}, verify {plan.verify():.1e}")
     result = bench(plan, peers, rounds=10, module=module)
@@ -86,7 +89,7 @@ def main() -> None:
     for name, r in result["results"].items():
         print(f"  {name:14s} median {r['median_ms']:8.3f} ms  min {r['min_ms']:8.3f}")
     print(f"  speed-up over the best peer: {result['speedup_vs_best_peer']:.2f}x")
-    with open(f"{args.dir}/{args.kind}{args.tokens}.json", "w") as f:
+    with open(f"{args.dir}/{name}.json", "w") as f:
         json.dump(result, f, indent=1, default=str)
 
 

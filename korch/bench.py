@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from korch.errors import KorchError
+from korch.errors import KorchError, error_line
 from korch.plan import Plan
 from korch.runtime import interleave
 
@@ -32,11 +32,14 @@ def _onnxruntime_peer(plan: Plan, feeds: dict[str, np.ndarray]):
     opts.intra_op_num_threads = torch.get_num_threads()  # the same threads korch's kernels use
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     cuda = plan.device.startswith("cuda")
-    sess = ort.InferenceSession(
-        plan.model.SerializeToString(),
-        opts,
-        providers=["CUDAExecutionProvider"] if cuda else ["CPUExecutionProvider"],
-    )
+    try:
+        sess = ort.InferenceSession(
+            plan.model.SerializeToString(),
+            opts,
+            providers=["CUDAExecutionProvider"] if cuda else ["CPUExecutionProvider"],
+        )
+    except Exception as e:  # (a bfloat16 model on a CPU, which has no bfloat16 kernels)
+        raise KorchError(f"peer onnxruntime cannot run this model: {error_line(e)}") from None
     return lambda: sess.run(None, feeds)
 
 

@@ -234,6 +234,8 @@ def _read_inputs(path) -> dict:
     read from its first bytes first."""
     import numpy as np
 
+    from korch.prims import from_npy
+
     head = _first_bytes(path, 6)
     if head.startswith(b"\x93NUMPY"):
         raise KorchError(f"{path}: a single array (.npy); {_NPZ_HELP}")
@@ -241,7 +243,7 @@ def _read_inputs(path) -> dict:
         raise KorchError(f"{path}: not an .npz of arrays; {_NPZ_HELP}")
     try:
         with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+            return {k: from_npy(data[k]) for k in data.files}
     except ValueError as e:
         if "allow_pickle" in str(e):  # an object array: reading it would run pickled code
             raise KorchError(f"{path}: holds Python objects, not plain arrays; {_NPZ_HELP}") from None

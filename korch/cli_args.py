@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tolerance",
         type=_at_least(0.0, float),
-        help="largest relative error accepted (default 1e-4; 1e-2 when an output is float16)",
+        help="largest relative error accepted (default 1e-4; 1e-2 when an output is float16, 5e-2 bfloat16)",
     )
     _output_args(p)
 

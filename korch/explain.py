@@ -6,7 +6,8 @@ from collections import Counter
 
 from korch.kernel import SOURCE_MODEL_PREFIX
 from korch.plan import Plan, PlanKernel
-from korch.roofline import node_flops, traffic_bytes
+from korch.prims import DTYPES
+from korch.roofline import flops_ceiling, matmul_dtype, node_flops, traffic_bytes
 
 
 def kernel_nodes(plan: Plan, kernel: PlanKernel) -> tuple[list, dict]:
@@ -18,7 +19,7 @@ def kernel_nodes(plan: Plan, kernel: PlanKernel) -> tuple[list, dict]:
     return list(kernel.spec.graph.nodes), kernel.spec.graph.types
 
 
-def _rates(kernel: PlanKernel, flops: int, ceilings: dict) -> dict:
+def _rates(kernel: PlanKernel, flops: int, peak_gflops: float | None, ceilings: dict) -> dict:
     graph = kernel.spec.graph
     moved = traffic_bytes([graph.types[v] for v in (*graph.inputs, *graph.outputs)])
     seconds = kernel.cost_ms / 1e3
@@ -28,8 +29,8 @@ def _rates(kernel: PlanKernel, flops: int, ceilings: dict) -> dict:
         out["gflops"] = round(flops / seconds / 1e9, 3) if flops else None
     if out["gbs"] is not None and ceilings.get("bandwidth_gbs"):
         out["bw_frac"] = round(out["gbs"] / ceilings["bandwidth_gbs"], 4)
-    if out["gflops"] is not None and ceilings.get("gflops"):
-        out["flop_frac"] = round(out["gflops"] / ceilings["gflops"], 4)
+    if out["gflops"] is not None and peak_gflops:
+        out["flop_frac"] = round(out["gflops"] / peak_gflops, 4)
     return out
 
 
@@ -48,7 +49,12 @@ def _kernel_report(plan: Plan, index: int, kernel: PlanKernel, alternatives: lis
         "names": [n.prim.value for n in nodes],
         "origins": list(dict.fromkeys(n.origin for n in nodes if n.origin)),
         "seed": kernel.spec.seed or kernel.spec.key.startswith(SOURCE_MODEL_PREFIX),
-        **_rates(kernel, sum(node_flops(n, types) for n in nodes), ceilings),
+        **_rates(
+            kernel,
+            sum(node_flops(n, types) for n in nodes),
+            flops_ceiling(ceilings, matmul_dtype(nodes, types)),
+            ceilings,
+        ),
         "alternatives": alternatives[index] if index < len(alternatives) else [],
     }
 
@@ -127,7 +133,11 @@ def profiling_text(p: dict) -> str:
 
 
 def ceilings_text(c: dict) -> str:
-    return f"{c['bandwidth_gbs']:.1f} GB/s copy, {c['gflops']:.1f} GFLOP/s fp32 matmul"
+    half = [(k.removeprefix("gflops_"), v) for k, v in c.items() if k.startswith("gflops_")]
+    matmuls = [("float32", c["gflops"]), *half]
+    return f"{c['bandwidth_gbs']:.1f} GB/s copy, " + ", ".join(
+        f"{v:.1f} GFLOP/s {DTYPES[d]} matmul" for d, v in matmuls
+    )
 
 
 def _header(r: dict) -> list[str]:

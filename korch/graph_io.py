@@ -15,7 +15,7 @@ import numpy as np
 
 from korch.errors import KorchError
 from korch.ir import Graph, Node, freeze_attr, verify
-from korch.prims import Prim, TensorType
+from korch.prims import Prim, TensorType, from_npy
 
 FORMAT = "korch.primgraph/1"
 INLINE_LIMIT = 16  # constants up to this many elements are written into the JSON itself
@@ -151,7 +151,7 @@ def load_graph_json(doc: dict, arrays=None, blobs: Mapping[str, bytes] | None = 
         if "data" in c:
             array = np.array(c["data"], dtype=c["dtype"]).reshape(c["shape"])
         else:
-            array = np.asarray(arrays[c["name"]])
+            array = from_npy(np.asarray(arrays[c["name"]]))
         array.setflags(write=False)
         constants[c["name"]] = array
         types[c["name"]] = TensorType.of(array)

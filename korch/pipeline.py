@@ -39,7 +39,7 @@ from korch.prims import Prim
 from korch.profile_db import ProfileDB
 from korch.profiler import ProfileOptions, profile, spread_s
 from korch.rewrite import Timer, rewrite
-from korch.roofline import measure_ceilings
+from korch.roofline import half_matmuls, measure_ceilings
 from korch.runtime import interleave
 from korch.solver import Choice, Solution, greedy, solve
 
@@ -293,7 +293,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
         "profiling": profiles.summary(),
         "greedy_ms": baseline.objective_ms if baseline else None,
         "greedy_kernels": len(baseline.chosen) if baseline else None,
-        "ceilings": dict(measure_ceilings(options.device)),
+        "ceilings": dict(measure_ceilings(options.device, half_matmuls(graph))),
         "input_bounds": check.input_bounds(graph),
         "index_limits": check.index_limits(graph),
     }

@@ -21,7 +21,7 @@ from korch.graph_io import graph_to_json, load_graph_json
 from korch.ir import Graph
 from korch.kernel import KernelSpec, kernel_graph_json
 from korch.plan_check import MANIFEST, check_manifest, check_versions, write_manifest
-from korch.prims import TensorType
+from korch.prims import TensorType, from_npy
 
 FORMAT = "korch.plan/1"
 PLAN_FILES = ("plan.json", "weights.npz", "graph.json", "model.onnx", MANIFEST)  # all save writes
@@ -167,7 +167,7 @@ class Plan:
         digests = check_manifest(directory)
         try:
             with np.load(directory / "weights.npz") as npz:  # each array read once, shared
-                arrays = {key: npz[key] for key in npz.files}
+                arrays = {key: from_npy(npz[key]) for key in npz.files}
             weights = {name: np.asarray(arrays[key]) for name, key in doc["weights"].items()}
             model_bytes = (directory / "model.onnx").read_bytes() if "model.onnx" in digests else b""
             model = _load_model(model_bytes) if model_bytes else None
@@ -205,10 +205,15 @@ class Plan:
     @property
     def oracle(self) -> str | None:
         """What verify() compares against: the source ONNX model in ONNX Runtime, else the
-        primitive graph in the numpy reference executor (plans made from PyTorch modules)."""
-        if self.model is not None:
+        primitive graph in the numpy reference executor (plans made from PyTorch modules, and
+        bfloat16 models: ONNX Runtime has no bfloat16 kernels on a CPU)."""
+        if self.model is not None and not self._bfloat16():
             return "ONNX Runtime"
         return "the reference executor" if self.graph is not None else None
+
+    def _bfloat16(self) -> bool:
+        types = self.graph.types.values() if self.graph is not None else (t for _, t in self.inputs)
+        return any(t.dtype == "bfloat16" for t in types)
 
     def verify(self, seed: int = 0) -> float:
         """Largest relative error of the plan against its oracle (see `oracle`)."""
@@ -217,7 +222,7 @@ class Plan:
         if self.oracle is None:
             raise KorchError("this plan has no source model or primitive graph to verify against")
         feeds = self.random_inputs(seed)
-        if self.model is not None:
+        if self.oracle == "ONNX Runtime":
             want = check.onnxruntime_outputs(self.model, feeds)
         else:
             want = reference.run(self.graph, feeds)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
+import ml_dtypes  # noqa: F401  (registers "bfloat16" as a numpy dtype)
 import numpy as np
 import scipy.special
 from numpy.lib.stride_tricks import sliding_window_view
@@ -30,6 +31,7 @@ DTYPES = {
     "float32": "f32",
     "float16": "f16",
     "float64": "f64",
+    "bfloat16": "bf16",
     "int64": "i64",
     "int32": "i32",
     "int16": "i16",
@@ -37,8 +39,25 @@ DTYPES = {
     "uint8": "u8",
     "bool": "bool",
 }
-FLOAT_DTYPES = ("float32", "float16", "float64")
+FLOAT_DTYPES = ("float32", "float16", "float64", "bfloat16")
+HALF_DTYPES = ("float16", "bfloat16")  # computed in float32 where rounding at every step would show
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
+
+
+BFLOAT16 = np.dtype("bfloat16")
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def from_npy(array: np.ndarray) -> np.ndarray:
+    """An array read back from an .npy or .npz file: numpy writes bfloat16 (a type it knows only
+    through ml_dtypes) as raw 2-byte records, and korch has no other such dtype, so those are
+    bfloat16 again; other arrays are returned as they are."""
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2:
+        return array.view(BFLOAT16)
+    return array
 
 
 class ShapeError(KorchError):
@@ -146,7 +165,15 @@ class Prim(str, Enum):
         return DEFS[self].infer(list(types), attrs)
 
     def ref(self, arrays: Sequence[np.ndarray], attrs: dict) -> list[np.ndarray]:
-        return DEFS[self].ref(list(arrays), attrs)
+        """The numpy reference. numpy has no bfloat16 arithmetic (ml_dtypes' matmul gives float32,
+        scipy's erf float64): bfloat16 operands are computed in float32 and the results rounded
+        once to the dtypes the rule says, as torch computes bfloat16 on a CPU."""
+        arrays = list(arrays)
+        if not any(np.asarray(a).dtype == BFLOAT16 for a in arrays):
+            return DEFS[self].ref(arrays, attrs)
+        types = self.infer([TensorType.of(np.asarray(a)) for a in arrays], attrs)
+        wide = [a.astype(np.float32) if a.dtype == BFLOAT16 else a for a in map(np.asarray, arrays)]
+        return [np.asarray(r).astype(t.dtype) for r, t in zip(DEFS[self].ref(wide, attrs), types)]
 
 
 InferFn = Callable[[list[TensorType], dict], list[TensorType]]
@@ -349,7 +376,7 @@ _reduce_def(Prim.REDUCE_PROD, lambda x, **kw: np.prod(x, dtype=x.dtype, **kw))
 
 
 def _extreme(dtype, lowest: bool):
-    if np.dtype(dtype).kind == "f":
+    if str(dtype) in FLOAT_DTYPES:
         return -np.inf if lowest else np.inf
     info = np.iinfo(dtype)
     return info.min if lowest else info.max

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from korch.backends import WAKE_CALLS, all_backends, compile_with, device_intervals, synchronize
-from korch.backends.torch_ops import DTYPES, to_tensor
+from korch.backends.torch_ops import DTYPES, as_tensor, to_numpy, to_tensor
 from korch.errors import KorchError, first_line
+from korch.prims import BFLOAT16
 from korch.reference import mismatch
 
 log = logging.getLogger("korch")
@@ -205,7 +206,7 @@ class Executable:
         """Numpy arrays in, numpy arrays out; torch tensors in, torch tensors out."""
         as_numpy = not any(isinstance(x, torch.Tensor) for x in (*inputs, *named.values()))
         outs = self.run_owned(self.feeds(inputs, named))
-        return [o.detach().cpu().numpy() for o in outs] if as_numpy else outs
+        return [to_numpy(o) for o in outs] if as_numpy else outs
 
     def run_numpy(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outs = self(**feeds)
@@ -222,6 +223,8 @@ def _as_tensor(name: str, value, want) -> torch.Tensor:
     the input when it is not one (None, a string, a dict, a ragged list, an array of objects)."""
     if isinstance(value, torch.Tensor):
         return value
+    if isinstance(value, np.ndarray) and value.dtype == BFLOAT16:
+        return as_tensor(value)
     try:
         return torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as e:

@@ -20,7 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
+from korch.errors import KorchError
+
 STARTUP_S = 120.0  # a worker not ready after this long is stuck (a hung import, a full disk)
+STARTUP_FAILURES = 3  # workers lost while starting, none ever ready: profiling cannot run here
 _READY = {"ready": True}
 
 
@@ -93,6 +96,8 @@ class WorkerPool:
         self.ctx = mp.get_context("spawn")
         self.size, self.threads, self.run_job = size, threads, run
         self.workers: list[_Worker] = []
+        self.lost_starting = 0  # workers lost before they were ready
+        self.ever_ready = False
 
     def _spawn(self) -> _Worker:
         parent, child = self.ctx.Pipe()
@@ -127,14 +132,17 @@ class WorkerPool:
         except (EOFError, OSError):
             return False  # the worker died mid-message: _check sees it
         if message == _READY:
-            w.ready, w.started = True, time.time()
+            w.ready, w.started, self.ever_ready = True, time.time(), True
         elif message is not None:
             job, w.job = w.job, None
             on_result(job, message)
         return message is not None
 
     def _check(self, i: int, w: _Worker, ready, timeout: float, on_result) -> None:
-        """Replace w if it died or overran, recording its job as failed."""
+        """Replace w if it died or overran, recording its job as failed. A worker lost before it
+        was ready says nothing about its job (the result is marked "startup", and not stored);
+        when no worker ever starts, a one-line error ends the run instead of every kernel
+        "failing"."""
         now = time.time()
         if w.proc.sentinel in ready:
             w.proc.join()
@@ -147,7 +155,13 @@ class WorkerPool:
             return
         w.proc.kill()
         w.proc.join()
-        on_result(w.job, {"status": "failed", "reason": reason})
+        outcome = {"status": "failed", "reason": reason}
+        if not w.ready:
+            outcome["startup"] = True
+            self.lost_starting += 1
+            if not self.ever_ready and self.lost_starting >= STARTUP_FAILURES:
+                raise KorchError(f"profiling workers cannot start: {reason} (their messages are above)")
+        on_result(w.job, outcome)
         self.workers[i] = self._spawn()
 
     def close(self) -> None:
@@ -166,21 +180,25 @@ class WorkerPool:
 
 
 def start_process(proc) -> None:
-    """Start a spawned worker. Spawning re-runs the parent's main script in the child by its
-    path; a script read from standard input (`python - < script.py`) has none (its __file__ is
-    "<stdin>"), and every worker would die before its first job, so such a main is not handed on
-    (the workers need nothing from it)."""
+    """Start a spawned worker without the parent's main script. Spawning would import it again in
+    the child, by its path or module name: a script that calls korch.optimize outside `if
+    __name__ == "__main__":` would start korch again in every worker, which Python stops (every
+    worker died before its first job, and every kernel "failed"); one read from standard input
+    (`python - < script.py`) has no file to import; and a guarded script's own imports (a
+    transformers model's, seconds) would slow every worker's start. Workers run korch's
+    functions on plain data and need nothing from it."""
     main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    hide = path is not None and getattr(main, "__spec__", None) is None and not os.path.exists(path)
-    if hide:
+    saved = {name: getattr(main, name) for name in ("__file__", "__spec__") if hasattr(main, name)}
+    if "__file__" in saved:
         del main.__file__
+    if "__spec__" in saved:
+        main.__spec__ = None  # (multiprocessing reads it unguarded)
     try:
         with _sigint_ignored():
             proc.start()
     finally:
-        if hide:
-            main.__file__ = path
+        for name, value in saved.items():
+            setattr(main, name, value)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import pytest
 from korch import reference
 from korch.errors import KorchError
 from korch.frontend.onnx_import import import_onnx
+from korch.prims import BFLOAT16
 
 
 @functools.cache
@@ -38,7 +39,11 @@ def _disagreement(got: list[np.ndarray], want: list[np.ndarray]) -> str | None:
         g = np.asarray(g)
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"output {i}: {g.dtype}{list(g.shape)}, expected {w.dtype}{list(w.shape)}"
-        if w.dtype.kind in "fc":
+        if w.dtype == BFLOAT16:  # (a few of bfloat16's 2^-8 apart: korch rounds every primitive)
+            g, w = g.astype(np.float32), w.astype(np.float32)
+            if not np.allclose(g, w, rtol=2**-6, atol=1e-4, equal_nan=True):
+                return f"output {i}: max abs diff {np.nanmax(np.abs(g - w)):.3g}"
+        elif w.dtype.kind in "fc":
             if not np.allclose(g, w, rtol=1e-3, atol=1e-4, equal_nan=True):
                 return f"output {i}: max abs diff {np.nanmax(np.abs(g.astype(np.float64) - w)):.3g}"
         elif not np.array_equal(g, w):
@@ -79,7 +84,7 @@ def test_every_onnx_node_case_korch_lowers_computes_the_expected_outputs():
     ]
     assert not crashed, crashed
     assert not wrong, wrong
-    assert len(outcomes) >= 900, len(outcomes)  # (929 with onnx 1.23: most of the operator set)
+    assert len(outcomes) >= 930, len(outcomes)  # (945 with onnx 1.23: most of the operator set)
 
 
 def test_every_onnx_node_case_korch_imports_with_opaque_operators_computes_what_onnxruntime_does():
@@ -99,7 +104,7 @@ def test_every_onnx_node_case_korch_imports_with_opaque_operators_computes_what_
     ]
     assert not crashed, crashed
     assert not wrong, wrong
-    assert len(outcomes) >= 1150, len(outcomes)  # (1235 with onnx 1.23 and onnxruntime 1.32)
+    assert len(outcomes) >= 1150, len(outcomes)  # (1238 with onnx 1.23 and onnxruntime 1.32)
 
 
 def _onnxruntime(model, ins: list[np.ndarray]) -> list[np.ndarray] | None:

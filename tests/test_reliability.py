@@ -133,9 +133,12 @@ def test_two_optimizes_on_one_database_at_once(tiny_model, tmp_path):
     assert rows[0] == rows[1] > 0
 
 
-def test_a_script_read_from_standard_input_profiles_in_worker_processes(tiny_model, tmp_path):
-    """Spawned workers re-run the parent's main script by its path; one read from stdin has
-    none, and every worker died before its first job (all kernels 'failed')."""
+@pytest.mark.parametrize("how", ["stdin", "unguarded file"])
+def test_a_script_profiles_in_worker_processes_however_it_is_run(how, tiny_model, tmp_path):
+    """Spawned workers re-ran the parent's main script: one read from stdin has no path, and a
+    file that calls korch outside `if __name__ == "__main__":` started korch again in every
+    worker, which Python stops; either way every worker died before its first job (all kernels
+    'failed'). Workers now start without the main script."""
     db = tmp_path / "p.sqlite"
     script = textwrap.dedent(f"""
         from korch.pipeline import OptimizeOptions, optimize
@@ -145,7 +148,12 @@ def test_a_script_read_from_standard_input_profiles_in_worker_processes(tiny_mod
         )
         assert optimize({str(tiny_model)!r}, options=options).verify() <= 1e-4
     """)
-    proc = subprocess.run([sys.executable, "-"], input=script, text=True, capture_output=True, timeout=300)
+    if how == "stdin":
+        run = dict(args=[sys.executable, "-"], input=script)
+    else:
+        (tmp_path / "script.py").write_text(script)
+        run = dict(args=[sys.executable, str(tmp_path / "script.py")])
+    proc = subprocess.run(**run, text=True, capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     conn = sqlite3.connect(db)
     failed = conn.execute("SELECT COUNT(*) FROM profiles WHERE status != 'ok'").fetchone()[0]

@@ -1,5 +1,5 @@
 """The PyTorch front end against torch's own operator database (OpInfo): for every operator that
-takes float32 (int64, bool) on CPU, its first samples of that dtype are exported, lowered to
+takes float32 (int64, bool, bfloat16) on CPU, its first samples of that dtype are exported, lowered to
 primitives and run by the numpy reference, and the outputs compared with eager PyTorch. korch may
 refuse a sample (an operator without a rule, a dtype it lacks: a KorchError), but it may neither
 crash nor compute something else. Hand-written cases live in test_torch_frontend.py; this is the
@@ -15,14 +15,19 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import korch.backends  # noqa: F401  (first: torch's test utilities freeze torch.backends' flags)
 from korch import check, reference
+from korch.backends.torch_ops import as_tensor, to_numpy
 from korch.errors import KorchError
 from korch.frontend.torch_import import import_torch
+from korch.prims import BFLOAT16
 
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
 
 # per operator and dtype, the first samples, which OpInfo makes small and varied (0-d, empty, kwargs)
-SAMPLES = {torch.float32: 3, torch.int64: 2, torch.bool: 2}
-TOLERANCE = 1e-4  # relative to the largest output value (korch.check.rel_err)
+SAMPLES = {torch.float32: 3, torch.int64: 2, torch.bool: 2, torch.bfloat16: 2}
+# relative to the largest output value (korch.check.rel_err); eager bfloat16 rounds once per
+# operator, korch once per primitive (each in float32): a few of bfloat16's 2^-8 apart
+TOLERANCE = {torch.bfloat16: 3e-2}
+DEFAULT_TOLERANCE = 1e-4
 CASES = [
     pytest.param(op, dtype, id=f"{op.name}.{op.variant_test_name}".rstrip(".") + f"-{str(dtype)[6:]}")
     for dtype in SAMPLES
@@ -52,13 +57,15 @@ class Call(torch.nn.Module):
 
 
 def _mismatch(got: np.ndarray, want: torch.Tensor) -> str | None:
-    want = want.numpy()
+    tolerance = TOLERANCE.get(want.dtype, DEFAULT_TOLERANCE)
+    want = to_numpy(want)
     if got.shape != want.shape or got.dtype != want.dtype:
         return f"{got.dtype}{list(got.shape)}, eager {want.dtype}{list(want.shape)}"
+    got, want = (a.astype(np.float32) if a.dtype == BFLOAT16 else a for a in (got, want))
     if not np.array_equal(np.isnan(got), np.isnan(want)):
         return "NaNs in other places"
     err = check.rel_err(np.nan_to_num(got), np.nan_to_num(want))
-    return f"relative error {err:.3g}" if err > TOLERANCE else None
+    return f"relative error {err:.3g}" if err > tolerance else None
 
 
 # operators that leave the order of equal values open (torch's sort is not stable unless asked):
@@ -72,7 +79,7 @@ UNINITIALIZED = ("empty", "empty_like", "empty_strided", "empty_permuted", "new_
 
 
 def _same_picks(x: torch.Tensor, got: np.ndarray, want: torch.Tensor) -> bool:
-    got = torch.from_numpy(got)
+    got = as_tensor(got)
     if got.shape != want.shape:
         return False
     for axis in range(x.dim()):
@@ -114,7 +121,7 @@ def test_aten_lowering_matches_eager_or_refuses(op, dtype):
                 continue
             finally:
                 logging.disable(logging.NOTSET)
-        feeds = {name: t.numpy() for name, t in zip(result.graph.inputs, inputs)}
+        feeds = {name: to_numpy(t) for name, t in zip(result.graph.inputs, inputs)}
         got = reference.run(result.graph, feeds)
         assert len(got) == len(want), f"sample {k}: {len(got)} outputs, eager {len(want)}"
         for name, w in zip(result.graph.output_names, want):

@@ -4,8 +4,10 @@ replaced."""
 
 import time
 
+import pytest
 import slow_start
 
+from korch.errors import KorchError
 from korch.worker_pool import WorkerPool
 
 
@@ -46,3 +48,18 @@ def test_a_worker_compiles_with_its_share_of_the_cores():
     finally:
         pool.close()
     assert results == [{"status": "ok", "compile": 1, "kernels": 1}] * 2
+
+
+def test_workers_that_cannot_start_end_the_run_with_one_line():
+    """(torch.set_num_threads(0) raises in every worker before it is ready.) The jobs of workers
+    lost while starting are failed as "startup" (the profiler does not store them: they say
+    nothing about the kernel), and when none ever starts the run ends instead of failing every
+    kernel."""
+    pool = WorkerPool(1, 0, slow_start.echo)
+    results = []
+    try:
+        with pytest.raises(KorchError, match=r"^profiling workers cannot start: worker died \(exit code 1\)"):
+            pool.run([{"n": i} for i in range(5)], 60, lambda job, result: results.append(result))
+    finally:
+        pool.close()
+    assert results == [{"status": "failed", "reason": "worker died (exit code 1)", "startup": True}] * 2

@@ -18,7 +18,7 @@ import numpy as np
 
 from korch.frontend.rules_pool import COORDINATE_MODES, linear_taps, source_coords
 from korch.ir import Graph, Node
-from korch.prims import Prim, repeat_factor
+from korch.prims import Prim, is_float, repeat_factor
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def _hard_sigmoid(view: _View, i: int, node: Node) -> Fused | None:
         or not (alpha := view.operand_and_scalar(scale[1]))
     ):
         return None
-    if not view.dtype(alpha[0]).startswith("float"):
+    if not is_float(view.dtype(alpha[0])):
         return None
     absorbed = frozenset({i, low[0], shift[0], scale[0]})
     return Fused("HardSigmoid", (alpha[0],), absorbed, {"alpha": alpha[1], "beta": beta[1]})
@@ -167,7 +167,7 @@ def _leaky_relu(view: _View, i: int, node: Node) -> Fused | None:
     if not test or not scaled or view.operand_and_scalar(test[1]) != (x, 0.0):
         return None
     alpha = view.operand_and_scalar(scaled[1])
-    if not alpha or alpha[0] != x or not view.dtype(x).startswith("float"):
+    if not alpha or alpha[0] != x or not is_float(view.dtype(x)):
         return None
     return Fused("LeakyRelu", (x,), frozenset({i, test[0], scaled[0]}), {"alpha": alpha[1]})
 
@@ -218,7 +218,7 @@ def _pooled(view: _View, reshape: Node, prim: Prim, fill: float):
 def _max_pool(view: _View, i: int, node: Node) -> Fused | None:
     """reshape(reduce_max(window(pad(x, -inf)))) -> MaxPool(x)"""
     found = _pooled(view, node, Prim.REDUCE_MAX, float("-inf")) if node.prim is Prim.RESHAPE else None
-    if not found or not view.dtype(found[0]).startswith("float"):
+    if not found or not is_float(view.dtype(found[0])):
         return None
     x, absorbed, attrs, dilations = found
     return Fused("MaxPool", (x,), frozenset(absorbed | {i}), {**attrs, "dilations": dilations})
@@ -229,7 +229,7 @@ def _average_pool(view: _View, i: int, node: Node) -> Fused | None:
     pair = view.operand_and_scalar(node) if node.prim is Prim.MUL else None
     shaped = pair and view.inner(pair[0], Prim.RESHAPE)
     found = shaped and _pooled(view, shaped[1], Prim.REDUCE_SUM, 0.0)
-    if not found or not view.dtype(found[0]).startswith("float"):
+    if not found or not is_float(view.dtype(found[0])):
         return None
     x, absorbed, attrs, dilations = found
     if any(d != 1 for d in dilations) or not _close(pair[1], 1.0 / np.prod(attrs["kernel_shape"])):
@@ -256,7 +256,7 @@ def _nearest_resize(view: _View, i: int, node: Node) -> Fused | None:
             break
         x, scales[more[1]] = more[0], more[2]
         absorbed.add(inner[0])
-    if not view.dtype(x).startswith("float"):
+    if not is_float(view.dtype(x)):
         return None
     rank = len(view.graph.types[x].shape)
     factors = np.array([scales.get(a, 1) for a in range(rank)], "float32")
@@ -352,12 +352,7 @@ def _linear_resize(view: _View, i: int, node: Node) -> Fused | None:
         root = inner and inner[1]
     rank = len(out_shape)
     # ONNX Runtime's CPU kernel interpolates the spatial axes of NCHW and NCDHW tensors
-    if (
-        not modes
-        or rank not in (4, 5)
-        or not axes <= set(range(2, rank))
-        or not view.dtype(x).startswith("float")
-    ):
+    if not modes or rank not in (4, 5) or not axes <= set(range(2, rank)) or not is_float(view.dtype(x)):
         return None
     if axes <= {rank - 2, rank - 1} and flops <= MATMUL_RESIZE_FLOPS * math.prod(out_shape):
         return None
@@ -374,7 +369,7 @@ def _lerp_matmul(view: _View, i: int, node: Node) -> Fused | None:
         return None
     x, axis, absorbed, lo, hi, weights = step
     rank = view.rank(x)
-    if axis < rank - 2 or not view.dtype(x).startswith("float"):
+    if axis < rank - 2 or not is_float(view.dtype(x)):
         return None
     rows = np.arange(len(lo))
     matrix = np.zeros((len(lo), view.shape(x)[axis]), view.dtype(x))
@@ -400,7 +395,7 @@ def _softmax(view: _View, i: int, node: Node) -> Fused | None:
     x = shifted and shifted[1].inputs[0]
     if not peak or peak[1].inputs[0] != x or peak[1].a["axes"] != total[1].a["axes"]:
         return None
-    if not view.dtype(x).startswith("float"):
+    if not is_float(view.dtype(x)):
         return None
     absorbed = frozenset({i, spread[0], total[0], e[0], shifted[0], top[0], peak[0]})
     return Fused("Softmax", (x,), absorbed, {"axis": total[1].a["axes"][0]})
@@ -477,7 +472,7 @@ def _normalization(view: _View, i: int, node: Node) -> Fused | None:
     x, axes, eps, more = norm
     shape, dtype = view.shape(x), view.dtype(x)
     rank = len(shape)
-    if not dtype.startswith("float"):
+    if not is_float(dtype):
         return None
     absorbed = frozenset(absorbed | more)
     if axes == tuple(range(rank - len(axes), rank)):  # parameters per normalized element

@@ -289,6 +289,8 @@ class OnnxRuntimeBackend(Backend):
             return "window outside a pool has no ONNX equivalent"
         if any(n.prim is Prim.GROUPED_MATMUL for n in nodes):
             return "a grouped matmul has no ONNX equivalent"
+        if device == "cpu" and any(t.dtype == "bfloat16" for t in spec.graph.types.values()):
+            return "ONNX Runtime has no bfloat16 kernels on a CPU"
         if device.startswith("cuda"):
             import onnxruntime
 

@@ -7,7 +7,7 @@ import torch
 import korch
 from korch import reference
 from korch.backends import Backend, CompiledKernel
-from korch.backends.torch_ops import to_tensor
+from korch.backends.torch_ops import to_numpy, to_tensor
 from korch.kernel import KernelSpec
 from korch.prims import Prim
 
@@ -26,7 +26,7 @@ class ReferenceBackend(Backend):
         graph = spec.graph
 
         def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
-            feeds = {name: t.detach().cpu().numpy() for name, t in zip(graph.inputs, inputs)}
+            feeds = {name: to_numpy(t) for name, t in zip(graph.inputs, inputs)}
             outs = reference.run(graph, feeds)
             return [to_tensor(outs[n], device) for n in graph.output_names]
 

@@ -10,12 +10,13 @@ import torch
 from torch.nn import functional as F
 
 from korch.ir import Graph
-from korch.prims import Prim
+from korch.prims import BFLOAT16, Prim
 
 DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
     "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
     "int64": torch.int64,
     "int32": torch.int32,
     "int16": torch.int16,
@@ -243,7 +244,23 @@ def apply(prim: Prim, xs: Sequence[torch.Tensor], a: dict) -> list[torch.Tensor]
 
 def to_tensor(array, device: str = "cpu") -> torch.Tensor:
     """A writable copy as a tensor (np.ascontiguousarray would turn a 0-d array into 1-d)."""
-    return torch.from_numpy(np.array(array, copy=True, order="C")).to(device)
+    return as_tensor(np.array(array, copy=True, order="C")).to(device)
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """The array as a tensor sharing its memory; torch takes no numpy bfloat16 (an ml_dtypes
+    type), so its bits go across as int16."""
+    if array.dtype == BFLOAT16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a numpy array on the host (bfloat16 as ml_dtypes' bfloat16)."""
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(BFLOAT16)
+    return tensor.numpy()
 
 
 def _pool(x: torch.Tensor, pool) -> torch.Tensor:

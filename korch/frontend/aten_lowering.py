@@ -8,7 +8,7 @@ from typing import Any
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering
-from korch.prims import DTYPES, TensorType
+from korch.prims import DTYPES, TensorType, is_float
 
 
 def torch_dtype_name(dtype) -> str:
@@ -76,7 +76,7 @@ def operand(ctx: Lowering, v: Any, dtype: str) -> str:
         return ctx.cast(v, dtype)
     if dtype == "bool":
         return ctx.scalar(bool(v), dtype)
-    if not dtype.startswith("float"):
+    if not is_float(dtype):
         return ctx.scalar(int(v), dtype)
     return ctx.scalar(float(v), dtype)
 

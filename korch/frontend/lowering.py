@@ -11,7 +11,7 @@ import numpy as np
 
 from korch.errors import KorchError, Unsupported
 from korch.ir import GraphBuilder
-from korch.prims import Prim, TensorType
+from korch.prims import HALF_DTYPES, Prim, TensorType
 
 _REQUIRED = object()
 
@@ -189,10 +189,11 @@ class Lowering:
         return v if self.dtype(v) == dtype else self.emit(Prim.CAST, v, to=dtype)
 
     def widened(self, v: str) -> tuple[str, str]:
-        """v in float32 when it is float16 (float16 sums overflow at 65504, small constants round
-        to 0, and rounding once at the end matches ONNX Runtime), and the dtype to cast back to."""
+        """v in float32 when it is float16 or bfloat16 (float16 sums overflow at 65504, small
+        constants round to 0, and rounding once at the end matches ONNX Runtime and torch), and the
+        dtype to cast back to."""
         dtype = self.dtype(v)
-        return (self.cast(v, "float32") if dtype == "float16" else v), dtype
+        return (self.cast(v, "float32") if dtype in HALF_DTYPES else v), dtype
 
     def broadcast_to(self, v: str, shape: Sequence[int]) -> str:
         shape = tuple(shape)

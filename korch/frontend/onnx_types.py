@@ -10,6 +10,7 @@ _TO_NUMPY = {
     TensorProto.FLOAT: "float32",
     TensorProto.FLOAT16: "float16",
     TensorProto.DOUBLE: "float64",
+    TensorProto.BFLOAT16: "bfloat16",
     TensorProto.INT64: "int64",
     TensorProto.INT32: "int32",
     TensorProto.INT16: "int16",

@@ -423,7 +423,8 @@ _BIG = 2.0**28  # above this, asinh(x) and acosh(x) are log(2x) to double precis
 
 
 def _in_float32(fn):
-    """A unary rule computed from fn(ctx, x); float16 goes through float32 so rounding happens once."""
+    """A unary rule computed from fn(ctx, x); float16 and bfloat16 go through float32 so rounding
+    happens once."""
 
     def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
         x, dtype = ctx.widened(n.inputs[0])

@@ -9,7 +9,7 @@ import numpy as np
 from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.frontend.rules_elementwise import clip_core
 from korch.frontend.rules_linear import spatial_attrs
-from korch.prims import FLOAT_DTYPES, Prim
+from korch.prims import FLOAT_DTYPES, Prim, is_float
 
 # ---------------------------------------------------------------------- pools
 
@@ -49,7 +49,7 @@ def _max_windows(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_m
     nd = len(kernel)
     extra = _extra_pads(ctx.shape(x)[-nd:], kernel, strides, pads, dilations, ceil_mode)
     ends = [e + x_ for e, x_ in zip(pads[nd:], extra)]
-    lowest = float("-inf") if ctx.dtype(x).startswith("float") else int(np.iinfo(ctx.dtype(x)).min)
+    lowest = float("-inf") if is_float(ctx.dtype(x)) else int(np.iinfo(ctx.dtype(x)).min)
     return _windows(ctx, x, kernel, strides, dilations, pads[:nd], ends, lowest)
 
 

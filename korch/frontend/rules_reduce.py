@@ -8,7 +8,7 @@ import numpy as np
 
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
 from korch.frontend.rules_linear import matmul
-from korch.prims import Prim
+from korch.prims import Prim, is_float
 
 
 def _reduce_axes(ctx: Lowering, n: OnnxNode) -> tuple[int, ...] | None:
@@ -43,7 +43,7 @@ def _sum(ctx, x, axes):
 
 
 def _mean(ctx, x, axes):
-    if ctx.dtype(x).startswith("float"):
+    if is_float(ctx.dtype(x)):
         return ctx.mean(x, axes)
     count = math.prod(ctx.shape(x)[a] for a in axes)
     return ctx.elementwise(Prim.DIV, _sum(ctx, x, axes), ctx.scalar(count, ctx.dtype(x)))

@@ -219,9 +219,10 @@ def _placeholders(ep, b: GraphBuilder, frozen: dict[int, Any]) -> dict[str, Any]
 
 
 def _to_numpy(tensor) -> np.ndarray:
-    tensor = tensor.detach().cpu()
+    from korch.backends.torch_ops import to_numpy
+
     torch_dtype_name(tensor.dtype)
-    return tensor.contiguous().numpy().copy()
+    return to_numpy(tensor.contiguous()).copy()
 
 
 def _user_outputs(ep, env) -> list[Any]:

@@ -20,7 +20,7 @@ from korch.frontend.rules_elementwise import (
     tan_core,
 )
 from korch.frontend.torch_rules_math import vector_norm_core
-from korch.prims import Prim
+from korch.prims import Prim, is_float
 
 
 def _x(ctx: Lowering, n: AtenNode) -> str:
@@ -63,7 +63,7 @@ for _op, _core in _CORES.items():
 
 def _sign_bit(ctx: Lowering, x: str) -> str:
     """x < 0, or x is -0.0 (1 / -0.0 is -inf); a NaN counts as positive."""
-    if not ctx.dtype(x).startswith("float"):
+    if not is_float(ctx.dtype(x)):
         return ctx.elementwise(Prim.LT, x, _s(ctx, x, 0))
     negative_zero = ctx.elementwise(
         Prim.AND,
@@ -92,7 +92,7 @@ def fmax(ctx: Lowering, n: AtenNode) -> str:
     if n.out.dtype == "bool":
         return ctx.elementwise(Prim.OR if "fmax" in n.target else Prim.AND, a, b)
     y = ctx.elementwise(Prim.MAX if "fmax" in n.target else Prim.MIN, a, b)
-    if not n.out.dtype.startswith("float"):
+    if not is_float(n.out.dtype):
         return y
     return ctx.elementwise(
         Prim.WHERE, isnan_core(ctx, a), b, ctx.elementwise(Prim.WHERE, isnan_core(ctx, b), a, y)
@@ -102,7 +102,7 @@ def fmax(ctx: Lowering, n: AtenNode) -> str:
 @aten("aten.isinf.default")
 def isinf(ctx: Lowering, n: AtenNode) -> str:
     x = n["self"]
-    if not ctx.dtype(x).startswith("float"):
+    if not is_float(ctx.dtype(x)):
         return ctx.broadcast_to(ctx.scalar(False, "bool"), ctx.shape(x))
     return ctx.elementwise(Prim.EQ, ctx.unary(Prim.ABS, x), _s(ctx, x, math.inf))
 
@@ -110,7 +110,7 @@ def isinf(ctx: Lowering, n: AtenNode) -> str:
 @aten("aten.trunc.default")
 def trunc(ctx: Lowering, n: AtenNode) -> str:
     x = _x(ctx, n)
-    if not ctx.dtype(x).startswith("float"):
+    if not is_float(ctx.dtype(x)):
         return x
     negative = ctx.elementwise(Prim.LT, x, _s(ctx, x, 0))
     return ctx.elementwise(Prim.WHERE, negative, ctx.unary(Prim.CEIL, x), ctx.unary(Prim.FLOOR, x))

@@ -15,7 +15,7 @@ from korch.frontend.rules_elementwise import isnan_core, log1p_core
 from korch.frontend.rules_layout import gather_elements_core, row_strides, take, wrap_negative
 from korch.frontend.rules_reduce import scan_core
 from korch.frontend.rules_scatter import scatter_elements_core, scatter_rows, sort_core
-from korch.prims import Prim
+from korch.prims import Prim, is_float
 
 # ----------------------------------------------------------------- assignment
 
@@ -221,7 +221,7 @@ def _reduce_into(ctx: Lowering, write, x: str, updates: str, reduce: str, includ
     base = ctx.broadcast_to(ctx.scalar(int(include_self), dtype), ctx.shape(x))
     count = write(base, ctx.broadcast_to(ctx.scalar(1, dtype), ctx.shape(updates)), "add")
     count = ctx.elementwise(Prim.MAX, count, ctx.scalar(1, dtype))
-    if dtype.startswith("float"):
+    if is_float(dtype):
         return ctx.elementwise(Prim.DIV, out, count)
     quotient = ctx.elementwise(Prim.DIV, ctx.cast(out, "float64"), ctx.cast(count, "float64"))
     return ctx.cast(ctx.unary(Prim.FLOOR, quotient), dtype)  # (torch floors an integer mean)
@@ -234,7 +234,7 @@ def _identity(reduce: str, dtype: str):
         return 1
     if dtype == "bool":
         return reduce == "amin"
-    if dtype.startswith("float"):
+    if is_float(dtype):
         return -math.inf if reduce == "amax" else math.inf
     info = np.iinfo(dtype)
     return int(info.min if reduce == "amax" else info.max)
@@ -347,7 +347,7 @@ def cummax(ctx: Lowering, n: AtenNode) -> list[str]:
         ctx, work, axis, prim, _identity("amax" if prim is Prim.MAX else "amin", ctx.dtype(work))
     )
     record = ctx.elementwise(Prim.EQ, work, values)
-    if ctx.dtype(work).startswith("float"):
+    if is_float(ctx.dtype(work)):
         record = ctx.elementwise(Prim.OR, record, isnan_core(ctx, work))
     length = ctx.shape(work)[axis]
     places = ctx.const(np.arange(length, dtype="int64").reshape([length] + [1] * (ctx.rank(work) - axis - 1)))
@@ -395,7 +395,7 @@ def bucketize(ctx: Lowering, n: AtenNode) -> str:
         hit = ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, values, bounds))  # b <= x, and NaN
     else:
         hit = ctx.elementwise(Prim.GT, values, bounds)  # b < x
-        if common.startswith("float"):
+        if is_float(common):
             hit = ctx.elementwise(Prim.OR, hit, isnan_core(ctx, values))
     count = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(hit, "int64"), [ctx.rank(hit) - 1], keepdims=False)
     return ctx.reshape(ctx.cast(count, n.out.dtype), n.out.shape)

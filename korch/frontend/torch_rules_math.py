@@ -24,7 +24,7 @@ from korch.frontend.rules_elementwise import (
 )
 from korch.frontend.rules_linear import add_bias
 from korch.frontend.rules_reduce import batch_norm_core, channel_param, cumsum_core, normalize, softmax
-from korch.prims import Prim
+from korch.prims import Prim, is_float
 
 
 def _common_dtype(n: AtenNode, *keys: str) -> str:
@@ -87,7 +87,7 @@ def pow_scalar(ctx: Lowering, n: AtenNode) -> str:
         return x
     if e == 2:
         return ctx.elementwise(Prim.MUL, x, x)
-    if e == 0.5 and n.out.dtype.startswith("float"):
+    if e == 0.5 and is_float(n.out.dtype):
         return ctx.unary(Prim.SQRT, x)
     return ctx.elementwise(Prim.POW, x, operand(ctx, e, n.out.dtype))
 
@@ -96,8 +96,8 @@ def pow_scalar(ctx: Lowering, n: AtenNode) -> str:
 def div_mode(ctx: Lowering, n: AtenNode) -> str:
     mode, dtype = n["rounding_mode"], n.out.dtype
     a, b = operand(ctx, n["self"], dtype), operand(ctx, n["other"], dtype)
-    if mode is None or not dtype.startswith("float"):
-        if mode == "floor" and not dtype.startswith("float"):
+    if mode is None or not is_float(dtype):
+        if mode == "floor" and not is_float(dtype):
             work = "float64"
             q = ctx.unary(Prim.FLOOR, ctx.elementwise(Prim.DIV, ctx.cast(a, work), ctx.cast(b, work)))
             return ctx.cast(q, dtype)
@@ -113,7 +113,7 @@ def div_mode(ctx: Lowering, n: AtenNode) -> str:
 def remainder(ctx: Lowering, n: AtenNode) -> str:
     """Python's modulo, a - b * floor(a / b) (the sign of the divisor); integers work in float64."""
     dtype = n.out.dtype
-    work = dtype if dtype.startswith("float") else "float64"
+    work = dtype if is_float(dtype) else "float64"
     a, b = operand(ctx, n["self"], work), operand(ctx, n["other"], work)
     q = ctx.unary(Prim.FLOOR, ctx.elementwise(Prim.DIV, a, b))
     return ctx.cast(ctx.elementwise(Prim.SUB, a, ctx.elementwise(Prim.MUL, b, q)), dtype)

@@ -18,7 +18,7 @@ from korch.frontend.rules_pool import (
     max_pool_indices,
     resample,
 )
-from korch.prims import Prim
+from korch.prims import Prim, is_float
 
 # ------------------------------------------------------------------ reshaping
 
@@ -203,8 +203,10 @@ def index(ctx: Lowering, n: AtenNode) -> str:
 @aten("aten.arange.default", "aten.arange.start", "aten.arange.start_step", "aten.scalar_tensor.default")
 def factory(ctx: Lowering, n: AtenNode) -> str:
     """Tensors made from scalars alone are computed here, once, with torch itself."""
+    from korch.backends.torch_ops import to_numpy
+
     kwargs = {k: v for k, v in n.params.items() if k not in ("layout", "device", "pin_memory")}
-    return ctx.const(n.op(**kwargs).numpy())
+    return ctx.const(to_numpy(n.op(**kwargs)))
 
 
 @aten("aten.full.default", "aten.zeros.default", "aten.ones.default")
@@ -254,7 +256,7 @@ def _pad(ctx: Lowering, x: str, pad, mode: str, value=0.0) -> str:
     pads = [max(p, 0) for p in begins + ends]
     if not any(pads):
         return x
-    if not ctx.dtype(x).startswith("float"):
+    if not is_float(ctx.dtype(x)):
         value = int(value)
     return ctx.emit(Prim.PAD, x, pads=pads, mode=mode, value=float(value) if mode == "constant" else 0.0)
 
