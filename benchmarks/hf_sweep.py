@@ -3,6 +3,8 @@ weights, built from their configs (no download), lowered through the PyTorch fro
 --onnx torchscript|dynamo, exported by one of torch.onnx's exporters and imported as ONNX. Per
 model and path: primitives, opaque operators, and the primitive graph's largest relative error
 (numpy reference executor) against eager PyTorch, or against ONNX Runtime on the exported file.
+`--dtype bfloat16` casts the models and their float inputs (PyTorch front end only: ONNX Runtime has
+no bfloat16 kernels on a CPU).
 A failure of torch's own exporter is printed as it is (not korch's); korch's refusals say
 "refused".
 
@@ -28,6 +30,7 @@ import torch
 
 import korch
 from korch import check, reference
+from korch.backends.torch_ops import to_numpy
 from korch.frontend.torch_import import import_torch
 
 LM = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=500)
@@ -305,10 +308,10 @@ def _randomize_zeros(model) -> None:
 
 def torch_path(module, inputs) -> str:
     result = import_torch(module, inputs)
-    feeds = {name: x.numpy() for name, x in zip(result.graph.inputs, inputs)}
+    feeds = {name: to_numpy(x) for name, x in zip(result.graph.inputs, inputs)}
     got = reference.run(result.graph, feeds)[result.graph.output_names[0]]
     with torch.no_grad():
-        want = module(*inputs).numpy()
+        want = to_numpy(module(*inputs))
     return _row(result, check.rel_err(got, want))
 
 
@@ -359,7 +362,11 @@ def main() -> None:
         help="also export with torch.onnx (the TorchScript exporter at opset 17, or the dynamo exporter "
         "at opset 23, which needs onnxscript) and import the ONNX file; may be given twice",
     )
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args()
+    if args.onnx and args.dtype == "bfloat16":
+        parser.error("--onnx checks against ONNX Runtime, which has no bfloat16 kernels on a CPU")
+    dtype = getattr(torch, args.dtype)
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -376,6 +383,8 @@ def main() -> None:
         torch.manual_seed(0)
         module = FirstOutput(make()).eval()
         _randomize_zeros(module)
+        module = module.to(dtype)
+        inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
         paths = [("torch", torch_path)] + [
             (
                 {"torchscript": "onnx-ts", "dynamo": "onnx-dyn"}[exporter],

@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 import korch
 from korch import check, reference
+from korch.backends.torch_ops import to_numpy
 from korch.errors import KorchError
 from korch.frontend.torch_import import import_torch
 from korch.prims import Prim
@@ -27,7 +28,7 @@ def lower_and_compare(module, *inputs, tol=1e-4):
     """Import through torch.export, run the primitives in numpy, compare with eager PyTorch."""
     module = module.eval()
     result = import_torch(module, inputs)
-    feeds = {name: x.numpy() for name, x in zip(result.graph.inputs, inputs)}
+    feeds = {name: to_numpy(x) for name, x in zip(result.graph.inputs, inputs)}
     got = reference.run(result.graph, feeds)
     with torch.no_grad():
         want = module(*inputs)
@@ -36,7 +37,7 @@ def lower_and_compare(module, *inputs, tol=1e-4):
     for name, w in zip(result.graph.output_names, want):
         assert got[name].shape == tuple(w.shape), (name, got[name].shape, w.shape)
         assert str(got[name].dtype) == str(w.dtype).removeprefix("torch."), name
-        err = check.rel_err(got[name], w.numpy())
+        err = check.rel_err(got[name], to_numpy(w))
         assert err <= tol, f"{name}: relative error {err:.3g}"
     return result
 
@@ -629,7 +630,8 @@ def _grouped_mm_op():
 class Experts(nn.Module):
     """A mixture of experts as transformers 5 runs one in float32: tokens sorted by their top-k
     experts, histc counts per expert, two grouped matmuls, the order restored by an inverse
-    permutation written into empty_like."""
+    permutation written into empty_like. In bfloat16 transformers calls torch._grouped_mm instead
+    of its own op."""
 
     def __init__(self, dim=16, hidden=24, experts=4, k=2):
         super().__init__()
@@ -639,7 +641,7 @@ class Experts(nn.Module):
         self.down = nn.Parameter(torch.randn(experts, hidden, dim) * 0.2)
 
     def forward(self, x):
-        grouped_mm = _grouped_mm_op()
+        grouped_mm = torch._grouped_mm if x.dtype == torch.bfloat16 else _grouped_mm_op()
         weights, chosen = self.router(x).softmax(-1).topk(self.k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
         ids, perm = torch.sort(chosen.reshape(-1))
@@ -681,6 +683,23 @@ def test_mixture_of_experts_as_transformers_exports_it():
     assert {Prim.ARGSORT, Prim.SCATTER, Prim.GROUPED_MATMUL} <= {n.prim for n in result.graph.nodes}
     same = x[:1].expand(12, 16).contiguous()  # (every token to the same two experts: two get no rows)
     lower_and_compare(module, same, tol=1e-5)
+
+
+def test_mixture_of_experts_in_bfloat16_through_torchs_grouped_mm():
+    torch.manual_seed(0)
+    module, x = Experts().eval().to(torch.bfloat16), rand(12, 16).to(torch.bfloat16)
+    result = lower_and_compare(module, x, tol=3e-2)
+    assert Prim.GROUPED_MATMUL in {n.prim for n in result.graph.nodes}
+
+
+def test_grouped_mm_of_two_batches_is_a_batched_matmul():
+    class Batched(nn.Module):
+        def forward(self, a, b):
+            return torch._grouped_mm(a, b)
+
+    a, b = (t.to(torch.bfloat16) for t in (rand(3, 5, 8), rand(3, 8, 16)))
+    result = lower_and_compare(Batched(), a, b, tol=1e-2)
+    assert [n.prim for n in result.graph.nodes] == [Prim.MATMUL]
 
 
 def test_optimize_mixture_of_experts(torch_cache):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from korch.errors import KorchError
-from korch.frontend.aten_lowering import AtenNode, aten, operand, vector
+from korch.frontend.aten_lowering import AtenNode, aten, operand, torch_dtype_name, vector
 from korch.frontend.lowering import Lowering, normalize_axes
 from korch.frontend.rules_attention import allowed_bias, attend, band_bias, repeat_heads
 from korch.frontend.rules_layout import gather_elements_core, slice_bounds, tile_core
@@ -374,6 +374,27 @@ def grouped_mm(ctx: Lowering, n: AtenNode) -> str:
     float32 (its custom op `transformers::grouped_mm_fallback`): x [S, K]'s rows sorted by
     expert, offs[e] the end of expert e's rows; one grouped_matmul primitive."""
     return ctx.emit(Prim.GROUPED_MATMUL, n["input"], n["weight"], n["offs"])
+
+
+@aten("aten._grouped_mm.default")
+def aten_grouped_mm(ctx: Lowering, n: AtenNode) -> str:
+    """torch._grouped_mm (torch.nn.functional.grouped_mm), what transformers calls for bfloat16
+    mixtures of experts: x [S, K] times mat2 [E, K, N] grouped by offs, one grouped_matmul (torch
+    leaves the rows past the last offset uninitialized; they are zeros here); without offs, 3-d
+    times 3-d is a batched matmul."""
+    x, w, offs = n["self"], n["mat2"], n["offs"]
+    if n["bias"] is not None:
+        ctx.unsupported("_grouped_mm with a bias")
+    if n["out_dtype"] is not None and torch_dtype_name(n["out_dtype"]) != ctx.dtype(x):
+        ctx.unsupported("_grouped_mm with an out_dtype other than its inputs'")
+    ranks = (ctx.rank(x), ctx.rank(w))
+    if ranks == (2, 3) and offs is not None:
+        return ctx.emit(Prim.GROUPED_MATMUL, x, w, offs)
+    if ranks == (3, 3) and offs is None:
+        return matmul(ctx, x, w)
+    ctx.unsupported(
+        f"_grouped_mm of rank-{ranks[0]} by rank-{ranks[1]} operands with{'out' * (offs is None)} offs"
+    )
 
 
 @aten("aten.convolution.default")
