@@ -16,6 +16,8 @@ import korch
 from korch import check, cli, explain, reference
 from korch.backends.onnxrt import OnnxRuntimeBackend
 from korch.backends.torch_ops import to_numpy
+from korch.bench import bench
+from korch.errors import KorchError
 from korch.kernel import kernel_spec
 from korch.prims import BFLOAT16
 
@@ -96,6 +98,11 @@ def test_a_bfloat16_plan_runs_verifies_saves_and_loads(onnx_plan, tmp_path):
     assert tensor.dtype == torch.bfloat16 and np.array_equal(to_numpy(tensor), y)
     loaded = korch.load(onnx_plan.save(tmp_path / "plan"))  # (the weights go through weights.npz)
     assert np.array_equal(loaded(x)[0], y)
+
+
+def test_onnxruntime_as_a_bench_peer_says_it_cannot_run_a_bfloat16_model(onnx_plan):
+    with pytest.raises(KorchError, match="^peer onnxruntime cannot run this model: .*NOT_IMPLEMENTED"):
+        bench(onnx_plan, ("onnxruntime",), rounds=1)
 
 
 def test_korch_run_reads_and_writes_bfloat16_arrays(onnx_plan, tmp_path, capsys):

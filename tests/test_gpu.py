@@ -159,3 +159,25 @@ def test_torch_compile_backend_on_cuda_returns_outputs_the_caller_owns(tmp_path)
     for g, w in zip(got, want):
         assert g.is_cuda
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_bfloat16_module_on_cuda_matches_eager(tmp_path):
+    """Inductor's and the vendor's bfloat16 kernels on a GPU (tensor cores), checked against the
+    reference and against eager bfloat16 on the same device."""
+    from test_bfloat16 import TOLERANCE, Block
+
+    import korch
+    from korch import check
+    from korch.backends.torch_ops import to_numpy
+
+    torch.manual_seed(0)
+    module = Block().eval().to(torch.bfloat16).cuda()
+    x = torch.randn(2, 8, 32, dtype=torch.bfloat16, device="cuda")
+    options = {**FAST, "backends": ("inductor", "vendor"), "time_budget": 10, "jobs": 4}
+    plan = korch.optimize(module, (x,), device="cuda", cache=str(tmp_path / "p.sqlite"), **options)
+    (got,) = plan(x)
+    with torch.no_grad():
+        want = module(x)
+    assert got.is_cuda and got.dtype == torch.bfloat16
+    assert check.rel_err(to_numpy(got), to_numpy(want)) <= TOLERANCE
+    assert plan.verify() <= TOLERANCE
