@@ -86,8 +86,8 @@ def main() -> None:
     print(f"optimize {optimize_s:.1f} s: {kernels}, verify {plan.verify():.1e}")
     result = bench(plan, peers, rounds=10, module=module)
     result.update(optimize_s=optimize_s, primitives=plan.meta["fission"]["primitives"])
-    for name, r in result["results"].items():
-        print(f"  {name:14s} median {r['median_ms']:8.3f} ms  min {r['min_ms']:8.3f}")
+    for system, r in result["results"].items():
+        print(f"  {system:14s} median {r['median_ms']:8.3f} ms  min {r['min_ms']:8.3f}")
     print(f"  speed-up over the best peer: {result['speedup_vs_best_peer']:.2f}x")
     with open(f"{args.dir}/{name}.json", "w") as f:
         json.dump(result, f, indent=1, default=str)

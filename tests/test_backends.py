@@ -329,22 +329,22 @@ def test_onnxruntime_keeps_a_broadcast_that_only_a_unary_primitive_reads():
     assert check_kernel(outs, want, spec.graph) is None
 
 
-def grouped_matmul_spec(ends):
-    """One grouped_matmul kernel (x [10, 6], w [4, 6, 5], ends [4]): its spec, inputs and the
+def grouped_matmul_spec(ends, k=6, n=5):
+    """One grouped_matmul kernel (x [10, k], w [4, k, n], ends [4]): its spec, inputs and the
     reference's output, itself checked against the definition."""
     from korch.ir import GraphBuilder
     from korch.prims import Prim, TensorType
 
     b = GraphBuilder()
-    x = b.input("x", TensorType((10, 6), "float32"))
-    w = b.input("w", TensorType((4, 6, 5), "float32"))
+    x = b.input("x", TensorType((10, k), "float32"))
+    w = b.input("w", TensorType((4, k, n), "float32"))
     e = b.input("ends", TensorType((4,), "int64"))
     (y,) = b.emit(Prim.GROUPED_MATMUL, [x, w, e])
     graph = b.build([y], ["y"])
-    feeds = {"x": rand(10, 6), "w": rand(4, 6, 5, seed=1), "ends": np.array(ends, "int64")}
+    feeds = {"x": rand(10, k), "w": rand(4, k, n, seed=1), "ends": np.array(ends, "int64")}
     (want,) = reference.run(graph, feeds).values()
     for s, g in enumerate(int(np.sum(np.array(ends) <= s)) for s in range(10)):
-        expected = feeds["x"][s] @ feeds["w"][g] if g < 4 else np.zeros(5)
+        expected = feeds["x"][s] @ feeds["w"][g] if g < 4 else np.zeros(n)
         np.testing.assert_allclose(want[s], expected, rtol=1e-5, atol=1e-6)
     spec = kernel_spec(graph, make_candidate(graph, [0]))
     return spec, [feeds[v] for v in spec.inputs], {spec.graph.output_names[0]: want}
@@ -355,14 +355,17 @@ def grouped_matmul_spec(ends):
     [[3, 3, 8, 10], [0, 4, 4, 7], [10, 2, 12, -1]],
     ids=["sorted-empty-group", "sorted-rows-past-the-end", "unsorted-out-of-range"],
 )
-def test_grouped_matmul_on_every_backend_that_takes_it(ends):
+@pytest.mark.parametrize("k,n,grouped_mm", [(6, 5, False), (8, 4, True)], ids=["loop", "grouped_mm"])
+def test_grouped_matmul_on_every_backend_that_takes_it(ends, k, n, grouped_mm):
     """A mixture of experts' matmul: row s by w[g(s)], g(s) the number of ends <= s (zero past
-    the last end), in the vendor and eager kernels (a loop over the groups on the CPU) and in
-    the masked form GPUs run without a host sync; Inductor and ONNX Runtime decline it."""
+    the last end), in the vendor and eager kernels (on the CPU torch._grouped_mm where its
+    operands' strides are multiples of 16 bytes, else a loop over the groups) and in the masked
+    form GPUs run without a host sync; Inductor and ONNX Runtime decline it."""
     from korch.backends import torch_ops
 
-    spec, inputs, want = grouped_matmul_spec(ends)
+    spec, inputs, want = grouped_matmul_spec(ends, k, n)
     args = [to_tensor(x) for x in inputs]
+    assert torch_ops._grouped_mm_takes(args[0], args[1]) is grouped_mm
     for backend in get_backends(["vendor", "eager"]):
         assert backend.supports(spec, "cpu") is None
         assert check_kernel(backend.compile(spec, "cpu").fn(*args), want, spec.graph) is None
