@@ -33,7 +33,7 @@ def _emit(args, payload: dict, human: str) -> None:
 def cmd_fission(args) -> int:
     import korch
     from korch.graph_io import save_graph
-    from korch.profiler import tolerance
+    from korch.profiler import graph_tolerance
 
     start = time.perf_counter()
     result = korch.fission(args.model, shapes=_shapes(args), strict=args.strict)
@@ -44,7 +44,7 @@ def cmd_fission(args) -> int:
     _log(args, f"fission: {result.onnx_nodes} ONNX nodes -> {len(graph.nodes)} primitives in {seconds:.2f}s")
     written = save_graph(graph, args.output) if args.output else []
     err = None
-    limit = tolerance(graph.types[v].dtype for v in graph.outputs)
+    limit = graph_tolerance(graph)
     if args.check:
         err = korch.check_fission(result, seed=args.seed)
         _log(args, f"check: max relative error vs ONNX Runtime {err:.3g} (tolerance {limit:g})")
@@ -297,14 +297,14 @@ def _outputs_path(output: str) -> Path:
 
 
 def cmd_verify(args) -> int:
-    from korch.profiler import tolerance
+    from korch.profiler import graph_tolerance, tolerance
 
     plan = _load_plan(args.plan, args)
     err = plan.verify(args.seed)
     limit = args.tolerance
     if limit is None:  # (a plan without its primitive graph: float32's)
         graph = plan.graph
-        limit = tolerance(graph.types[v].dtype for v, _ in plan.outputs if graph is not None)
+        limit = graph_tolerance(graph) if graph is not None else tolerance(())
     ok = bool(err <= limit)
     _emit(
         args,

@@ -46,8 +46,16 @@ DEFAULT_TOLERANCE = 1e-4
 
 
 def tolerance(dtypes) -> float:
-    """The largest relative error a check accepts over outputs of these dtypes."""
+    """The largest relative error a check accepts over values of these dtypes."""
     return max((CHECK_TOLERANCE.get(d, DEFAULT_TOLERANCE) for d in dtypes), default=DEFAULT_TOLERANCE)
+
+
+def graph_tolerance(graph: Graph) -> float:
+    """What a check of the graph's outputs accepts: the tolerance of the least precise dtype
+    anywhere in it, not only among its outputs (a float32 output computed from bfloat16 values
+    carries bfloat16's rounding: a Mixtral layer's last kernel, cast to float32 for the final
+    norm, differed from the reference by 2.3e-3 and was refused at float32's 1e-4)."""
+    return tolerance(t.dtype for t in graph.types.values())
 
 
 # timings that decide most (the source model alone, and each plan in place in korch.pipeline) are
@@ -222,6 +230,7 @@ def check_kernel(outs, want, graph: Graph, discrete_mismatch: float = 0.0) -> st
     (an argmax over near-ties, after a whole model computed two ways)."""
     if len(outs) != len(graph.outputs):
         return f"returned {len(outs)} outputs, expected {len(graph.outputs)}"
+    limit = graph_tolerance(graph)
     for got, name, v in zip(outs, graph.output_names, graph.outputs):
         t = graph.types[v]
         got = torch_ops.to_numpy(got) if isinstance(got, torch.Tensor) else np.asarray(got)
@@ -234,7 +243,7 @@ def check_kernel(outs, want, graph: Graph, discrete_mismatch: float = 0.0) -> st
                 return f"wrong result: {name} differs in {wrong:.1%} of its elements"
             continue
         err = check.rel_err(got, expected)
-        if not err <= CHECK_TOLERANCE.get(t.dtype, DEFAULT_TOLERANCE):
+        if not err <= limit:
             return f"wrong result: {name} relative error {err:.3g}"
     return None
 
