@@ -77,6 +77,14 @@ def test_an_onnx_bfloat16_model_lowers_and_computes_what_its_float32_twin_does()
     assert check.rel_err(got, float32_oracle(x)) <= TOLERANCE
 
 
+def test_checking_a_bfloat16_fission_against_onnxruntime_says_why_it_cannot(tmp_path, capsys):
+    path = tmp_path / "bf16.onnx"
+    onnx.save(block_model(TensorProto.BFLOAT16, BFLOAT16), path)
+    assert cli.main(["fission", str(path), "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("korch: error: ONNX Runtime has no bfloat16 kernels on a CPU, so this model's")
+
+
 def test_onnxruntime_declines_bfloat16_kernels_on_a_cpu():
     """(It has none: a session would fail to build for every candidate.)"""
     graph = korch.fission(block_model(TensorProto.BFLOAT16, BFLOAT16)).graph
