@@ -62,6 +62,10 @@ class Graph:
             counts[n.kind.name.lower()] += 1
         return counts
 
+    def dtypes(self) -> set[str]:
+        """The dtypes of the graph's values: inputs, constants and intermediates."""
+        return {t.dtype for t in self.types.values()}
+
     def producers(self) -> dict[str, Node]:
         return {v: n for n in self.nodes for v in n.outputs}
 

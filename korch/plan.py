@@ -212,8 +212,8 @@ class Plan:
         return "the reference executor" if self.graph is not None else None
 
     def _bfloat16(self) -> bool:
-        types = self.graph.types.values() if self.graph is not None else (t for _, t in self.inputs)
-        return any(t.dtype == "bfloat16" for t in types)
+        dtypes = self.graph.dtypes() if self.graph is not None else {t.dtype for _, t in self.inputs}
+        return "bfloat16" in dtypes
 
     def verify(self, seed: int = 0) -> float:
         """Largest relative error of the plan against its oracle (see `oracle`)."""

@@ -55,7 +55,7 @@ def graph_tolerance(graph: Graph) -> float:
     anywhere in it, not only among its outputs (a float32 output computed from bfloat16 values
     carries bfloat16's rounding: a Mixtral layer's last kernel, cast to float32 for the final
     norm, differed from the reference by 2.3e-3 and was refused at float32's 1e-4)."""
-    return tolerance(t.dtype for t in graph.types.values())
+    return tolerance(graph.dtypes())
 
 
 # timings that decide most (the source model alone, and each plan in place in korch.pipeline) are

@@ -79,12 +79,11 @@ def test_time_fn_times_again_while_the_machine_is_busy():
 def test_check_kernel_tolerates_a_few_flipped_indices_only_when_asked():
     """The source model is checked against the primitive graph computed another way: an argmax
     over near-ties may flip a few indices, which a 1% allowance accepts (and nothing more)."""
-    from types import SimpleNamespace
-
-    from korch.ir import TensorType
+    from korch.ir import GraphBuilder, TensorType
     from korch.profiler import check_kernel
 
-    graph = SimpleNamespace(outputs=["y"], output_names=["out0"], types={"y": TensorType((1000,), "int64")})
+    b = GraphBuilder()
+    graph = b.build([b.input("y", TensorType((1000,), "int64"))], ["out0"])
     want = {"out0": np.arange(1000)}
     one_flip = np.arange(1000)
     one_flip[7] = 8

@@ -289,7 +289,7 @@ class OnnxRuntimeBackend(Backend):
             return "window outside a pool has no ONNX equivalent"
         if any(n.prim is Prim.GROUPED_MATMUL for n in nodes):
             return "a grouped matmul has no ONNX equivalent"
-        if device == "cpu" and any(t.dtype == "bfloat16" for t in spec.graph.types.values()):
+        if device == "cpu" and "bfloat16" in spec.graph.dtypes():
             return "ONNX Runtime has no bfloat16 kernels on a CPU"
         if device.startswith("cuda"):
             import onnxruntime

@@ -183,8 +183,8 @@ def _grouped_matmul(x, w, ends):
 
 
 def _grouped_mm_takes(x, w) -> bool:
-    """Whether torch._grouped_mm runs these operands: it wants every stride a multiple of 16
-    bytes, and float32 only from torch 2.10 on the CPU."""
+    """Whether torch._grouped_mm runs these operands: bfloat16 or float32 (the torch korch pins
+    takes both on the CPU), rows contiguous, every other stride a multiple of 16 bytes."""
     if not hasattr(torch, "_grouped_mm") or x.dtype not in (torch.bfloat16, torch.float32):
         return False
     strides = [s * t.element_size() for t in (x, w) for s in t.stride()[:-1]]
