@@ -38,31 +38,37 @@ SMALL_INDICES = (0, 2)
 def random_feeds(types, bounds: Mapping, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs for (name, TensorType) pairs: normal floats, random bools, integers in
     [low, high) for bounds[name] = (low, high) (a single number b, as plans saved before ranges
-    hold: [0, b)), else in NONZERO_INTS."""
+    hold: [0, b); (low, high, "sorted"): non-decreasing along the last axis), else in NONZERO_INTS."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, t in types:
         if t.dtype == "bool":
             feeds[name] = rng.random(t.shape) < 0.5
         elif t.dtype.startswith(("int", "uint")):
-            low, high = _int_range(bounds.get(name, NONZERO_INTS))
+            low, high, *order = _int_range(bounds.get(name, NONZERO_INTS))
             feeds[name] = rng.integers(low, high, t.shape).astype(t.dtype)
+            if order == ["sorted"]:
+                feeds[name] = np.sort(feeds[name], axis=-1)
         else:
             feeds[name] = rng.standard_normal(t.shape).astype(t.dtype)
     return feeds
 
 
-def _int_range(bound) -> tuple[int, int]:
+def _int_range(bound) -> list:
     if isinstance(bound, (int, np.integer)):
-        return 0, int(bound)
-    low, high = bound
-    return int(low), int(high)
+        return [0, int(bound)]
+    low, high, *order = bound
+    return [int(low), int(high), *order]
 
 
 def input_bounds(graph: Graph) -> dict[str, list[int]]:
     """[low, high) of every random integer input: inside the dimension a gather indexes with it;
-    never zero where it reaches an integer divisor; small indices where it may index otherwise."""
+    never zero where it reaches an integer divisor; small indices where it may index otherwise;
+    a grouped matmul's ends sorted and within its rows."""
     limits = index_limits(graph)
+    ends = {
+        n.inputs[2]: graph.types[n.inputs[0]].shape[0] for n in graph.nodes if n.prim is Prim.GROUPED_MATMUL
+    }
     divisors = _reaching(graph, [n.inputs[1] for n in graph.nodes if integer_division(graph.types, n)])
     indices = _reaching(graph, [n.inputs[1] for n in graph.nodes if n.prim in _INDEXING])
     opaque = {v for n in graph.nodes if n.prim is Prim.OPAQUE for v in n.inputs}
@@ -70,7 +76,9 @@ def input_bounds(graph: Graph) -> dict[str, list[int]]:
     for v in graph.inputs:
         if not graph.types[v].dtype.startswith(("int", "uint")):
             continue
-        if v in limits:
+        if v in ends:  # (a grouped matmul's ends: sorted, within the rows, as its sources promise)
+            bounds[v] = [0, ends[v] + 1, "sorted"]
+        elif v in limits:
             bounds[v] = [0, max(limits[v], 1)]
         elif v in divisors or not (v in indices or v in opaque):
             bounds[v] = list(NONZERO_INTS)

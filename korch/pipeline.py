@@ -120,19 +120,20 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def add_seeds(graph: Graph, found: CandidateSet) -> int:
+def add_seeds(graph: Graph, found: CandidateSet, alone: set[int] | None = None) -> int:
     """Each partition, and the whole graph, as one candidate: the onnxruntime and inductor backends
     then price running them their own way, and the plan is never worse than that (as measured).
-    The whole graph's key says it is a plan by itself (korch.kernel.runs_alone). Around a
-    primitive that no kernel generator fuses (an opaque operator, a grouped matmul), the runs of
-    primitives between such ones are the seeds instead (a run of a topological order is convex)."""
+    The whole graph's key says it is a plan by itself (korch.kernel.runs_alone). Around the
+    primitives `alone` that no kernel generator fuses (`unfused`), the runs of primitives between
+    such ones are the seeds instead (a run of a topological order is convex)."""
+    alone = unfused(graph) if alone is None else alone
     keys = _KeyMaker(graph)
     seeds = [
         make_candidate(graph, range(start, stop), part.index, keys, seed=True)
         for part in found.partitions
-        for start, stop in _runs(graph, part.start, part.stop)
+        for start, stop in _runs(part.start, part.stop, alone)
     ]
-    if len(found.partitions) > 1 and not any(node.prim in _UNFUSED for node in graph.nodes):
+    if len(found.partitions) > 1 and not alone:
         seeds.append(make_candidate(graph, range(len(graph.nodes)), WHOLE_GRAPH, keys, seed=True))
     for cand in seeds:
         if len(cand.nodes) == len(graph.nodes):
@@ -141,14 +142,19 @@ def add_seeds(graph: Graph, found: CandidateSet) -> int:
     return len(seeds)
 
 
-_UNFUSED = (Prim.OPAQUE, Prim.GROUPED_MATMUL)  # (run alone: ONNX Runtime's node, vendor and eager kernels)
+def unfused(graph: Graph, backends: Iterable[str] = ()) -> set[int]:
+    """The primitives that run alone: opaque operators (ONNX Runtime's node), and grouped matmuls
+    unless Inductor is among the backends (vendor and eager kernels run single primitives;
+    Inductor calls a grouped matmul as a library call amid its fused code)."""
+    kinds = (Prim.OPAQUE,) if "inductor" in backends else (Prim.OPAQUE, Prim.GROUPED_MATMUL)
+    return {i for i, node in enumerate(graph.nodes) if node.prim in kinds}
 
 
-def _runs(graph: Graph, start: int, stop: int) -> list[tuple[int, int]]:
+def _runs(start: int, stop: int, alone: set[int]) -> list[tuple[int, int]]:
     """Nodes [start, stop) split around the primitives that run alone: the runs of two or more."""
     runs, first = [], start
     for i in range(start, stop):
-        if graph.nodes[i].prim in _UNFUSED:
+        if i in alone:
             runs.append((first, i))
             first = i + 1
     runs.append((first, stop))
@@ -248,7 +254,8 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
             rewrite(fission.graph, Timer(options.device, db)) if options.rewrite else (fission.graph, [])
         )
         found = enumerate_candidates(graph, CandidateOptions(max_size=options.max_size))
-        seeds = add_seeds(graph, found) if options.seeds else 0
+        alone = unfused(graph, [b.name for b in backends])
+        seeds = add_seeds(graph, found, alone) if options.seeds else 0
         specs = {}
         original = original_model_seed(graph, fission.model) if options.seeds and fission.model else None
         if original:

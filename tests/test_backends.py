@@ -17,6 +17,7 @@ from korch.backends.torch_ops import to_tensor
 from korch.backends.vendor import VendorBackend
 from korch.candidates import make_candidate
 from korch.kernel import kernel_spec
+from korch.prims import Prim
 from korch.profiler import check_kernel
 
 CASES = {
@@ -329,24 +330,34 @@ def test_onnxruntime_keeps_a_broadcast_that_only_a_unary_primitive_reads():
     assert check_kernel(outs, want, spec.graph) is None
 
 
-def grouped_matmul_spec(ends, k=6, n=5):
-    """One grouped_matmul kernel (x [10, k], w [4, k, n], ends [4]): its spec, inputs and the
-    reference's output, itself checked against the definition."""
+def grouped_matmul_spec(ends, k=6, n=5, dtype="float32", then=None):
+    """One grouped_matmul kernel (x [10, k], w [4, k, n], ends [4], and `then`, a unary primitive
+    on its result, if given): its spec, inputs and the reference's output, the grouped matmul itself
+    checked against the definition."""
     from korch.ir import GraphBuilder
     from korch.prims import Prim, TensorType
 
     b = GraphBuilder()
-    x = b.input("x", TensorType((10, k), "float32"))
-    w = b.input("w", TensorType((4, k, n), "float32"))
+    x = b.input("x", TensorType((10, k), dtype))
+    w = b.input("w", TensorType((4, k, n), dtype))
     e = b.input("ends", TensorType((4,), "int64"))
     (y,) = b.emit(Prim.GROUPED_MATMUL, [x, w, e])
-    graph = b.build([y], ["y"])
-    feeds = {"x": rand(10, k), "w": rand(4, k, n, seed=1), "ends": np.array(ends, "int64")}
-    (want,) = reference.run(graph, feeds).values()
+    outs = b.emit(then, [y]) if then else [y]
+    graph = b.build(outs, ["y"])
+    feeds = {
+        "x": rand(10, k).astype(dtype),
+        "w": rand(4, k, n, seed=1).astype(dtype),
+        "ends": np.array(ends, "int64"),
+    }
+    (mm,) = reference.run(b.build([y], ["y"]), feeds).values()
+    x32, w32 = feeds["x"].astype("float32"), feeds["w"].astype("float32")
     for s, g in enumerate(int(np.sum(np.array(ends) <= s)) for s in range(10)):
-        expected = feeds["x"][s] @ feeds["w"][g] if g < 4 else np.zeros(n)
-        np.testing.assert_allclose(want[s], expected, rtol=1e-5, atol=1e-6)
-    spec = kernel_spec(graph, make_candidate(graph, [0]))
+        expected = x32[s] @ w32[g] if g < 4 else np.zeros(n)
+        np.testing.assert_allclose(
+            mm[s].astype("float32"), expected, rtol=1e-5 if dtype == "float32" else 1e-2, atol=1e-6
+        )
+    (want,) = reference.run(graph, feeds).values()
+    spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
     return spec, [feeds[v] for v in spec.inputs], {spec.graph.output_names[0]: want}
 
 
@@ -359,8 +370,9 @@ def grouped_matmul_spec(ends, k=6, n=5):
 def test_grouped_matmul_on_every_backend_that_takes_it(ends, k, n, grouped_mm):
     """A mixture of experts' matmul: row s by w[g(s)], g(s) the number of ends <= s (zero past
     the last end), in the vendor and eager kernels (on the CPU torch._grouped_mm where its
-    operands' strides are multiples of 16 bytes, else a loop over the groups) and in the masked
-    form GPUs run without a host sync; Inductor and ONNX Runtime decline it."""
+    operands' strides are multiples of 16 bytes, else a loop over the groups), in Inductor's (the
+    same, as its custom operator korch::grouped_matmul, with what follows it) and in the masked
+    form GPUs run without a host sync; ONNX Runtime declines it."""
     from korch.backends import torch_ops
 
     spec, inputs, want = grouped_matmul_spec(ends, k, n)
@@ -370,5 +382,37 @@ def test_grouped_matmul_on_every_backend_that_takes_it(ends, k, n, grouped_mm):
         assert backend.supports(spec, "cpu") is None
         assert check_kernel(backend.compile(spec, "cpu").fn(*args), want, spec.graph) is None
     assert check_kernel([torch_ops.grouped_matmul_dense(*args)], want, spec.graph) is None
-    for backend in get_backends(["inductor", "onnxruntime"]):
-        assert "grouped matmul" in backend.supports(spec, "cpu")
+    fused, _, fused_want = grouped_matmul_spec(ends, k, n, then=Prim.TANH)
+    assert check_kernel(InductorBackend().compile(fused, "cpu").fn(*args), fused_want, fused.graph) is None
+    assert "grouped matmul" in OnnxRuntimeBackend().supports(spec, "cpu")
+
+
+@pytest.mark.parametrize(
+    "ends", [[3, 3, 8, 10], [0, 4, 4, 7], [0, 0, 0, 0]], ids=["empty-group", "rows-past-the-end", "no-rows"]
+)
+@pytest.mark.parametrize("k,n,grouped_mm", [(6, 5, False), (8, 16, True)], ids=["masked", "grouped_mm"])
+def test_bfloat16_grouped_matmul_on_the_device_and_in_inductor(ends, k, n, grouped_mm):
+    """On a GPU a grouped matmul runs without reading its ends on the host (a GPU plan replays as a
+    CUDA graph): in bfloat16 by torch._grouped_mm, whose ends are sorted within the rows, as every
+    source of the primitive promises; where torch cannot take the operands (strides not multiples
+    of 16 bytes), every group's product for every row, masked. The same code on the CPU, and
+    Inductor's kernel of a bfloat16 grouped matmul and what follows it."""
+    from korch.backends import torch_ops
+
+    spec, inputs, want = grouped_matmul_spec(ends, k, n, "bfloat16", then=Prim.TANH)
+    args = [torch_ops.as_tensor(x) for x in inputs]
+    assert torch_ops._grouped_mm_takes(args[0], args[1]) is grouped_mm
+    assert check_kernel([torch.tanh(torch_ops.grouped_matmul_on_device(*args))], want, spec.graph) is None
+    inductor = InductorBackend()
+    assert inductor.supports(spec, "cpu") is None
+    assert check_kernel(inductor.compile(spec, "cpu").fn(*args), want, spec.graph) is None
+
+
+def test_unsorted_ends_on_the_device_give_a_result_the_check_refuses():
+    """torch._grouped_mm assumes sorted ends within the rows; others are clamped and made
+    non-decreasing before it reads them (never out of bounds), so the result is wrong, not a crash."""
+    from korch.backends import torch_ops
+
+    spec, inputs, want = grouped_matmul_spec([10, 2, 12, -1], 8, 16, "bfloat16")
+    args = [torch_ops.as_tensor(x) for x in inputs]
+    assert "wrong result" in check_kernel([torch_ops.grouped_matmul_on_device(*args)], want, spec.graph)

@@ -53,12 +53,20 @@ def test_cuda_backend_matches_reference(case, backend):
     assert 0 < low <= median <= high and n >= 5
 
 
-def test_grouped_matmul_on_cuda_replays_in_a_cuda_graph():
-    """Reading the groups' ends on the host would break CUDA graph capture: on a GPU the vendor
-    kernel takes every group's product for every row, masked."""
-    spec, inputs, want = grouped_matmul_spec([3, 3, 8, 10])
-    fn = get_backends(["vendor"])[0].compile(spec, "cuda").fn
-    tensors = [torch.as_tensor(np.asarray(x)).cuda() for x in inputs]
+@pytest.mark.parametrize("dtype,k,n", [("float32", 6, 5), ("bfloat16", 8, 16)])
+@pytest.mark.parametrize("backend", ["vendor", "inductor"])
+def test_grouped_matmul_on_cuda_replays_in_a_cuda_graph(backend, dtype, k, n):
+    """Reading the groups' ends on the host would break CUDA graph capture: on a GPU a grouped
+    matmul runs torch._grouped_mm in bfloat16 (compute capability 9 or 10), elsewhere every
+    group's product for every row, masked; Inductor calls the same with what follows it."""
+    from korch.backends import torch_ops
+    from korch.prims import Prim
+
+    spec, inputs, want = grouped_matmul_spec(
+        [3, 3, 8, 10], k, n, dtype, then=Prim.TANH if backend == "inductor" else None
+    )
+    fn = get_backends([backend])[0].compile(spec, "cuda").fn
+    tensors = [torch_ops.as_tensor(x).cuda() for x in inputs]
     fn(*tensors)  # (warm-up, outside the capture)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -97,6 +97,24 @@ def test_random_feeds_take_ranges_and_older_plans_single_bounds():
     assert flags.dtype == bool and 0 < flags.sum() < 1000
 
 
+def test_a_grouped_matmuls_ends_are_drawn_sorted_within_its_rows():
+    """torch._grouped_mm (what Inductor and GPUs run for a grouped matmul) takes sorted ends
+    within the rows, as every source of the primitive promises; random ends drawn like other
+    integers (1 or 2, in any order) would have checked every such kernel on ends no model makes."""
+    from korch.ir import GraphBuilder
+    from korch.prims import Prim
+
+    b = GraphBuilder()
+    x = b.input("x", TensorType((50, 8), "float32"))
+    w = b.input("w", TensorType((6, 8, 4), "float32"))
+    ends = b.input("ends", TensorType((6,), "int32"))
+    graph = b.build(b.emit(Prim.GROUPED_MATMUL, [x, w, ends]), ["y"])
+    assert check.input_bounds(graph) == {"ends": [0, 51, "sorted"]}
+    drawn = np.stack([check.random_inputs(graph, seed)["ends"] for seed in range(20)])
+    assert drawn.dtype == np.int32 and (np.diff(drawn, axis=1) >= 0).all()
+    assert drawn.min() >= 0 and drawn.max() <= 50 and len(np.unique(drawn)) > 40
+
+
 @pytest.mark.parametrize("op", ["Div", "Mod"])
 def test_an_integer_division_by_a_constant_zero_is_refused_at_import(op):
     """ONNX Runtime refuses it too; torch raised ZeroDivisionError from inside profiling."""

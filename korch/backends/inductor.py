@@ -67,8 +67,6 @@ class InductorBackend(Backend):
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         if any(n.prim is Prim.OPAQUE for n in spec.graph.nodes):
             return "opaque operators run in ONNX Runtime"
-        if any(n.prim is Prim.GROUPED_MATMUL for n in spec.graph.nodes):
-            return "a grouped matmul's groups depend on the data (run by vendor and eager kernels)"
         if any(spec.graph.types[v].dtype == "float64" for v in spec.graph.types) and device.startswith(
             "cuda"
         ):
