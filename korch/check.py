@@ -6,10 +6,14 @@ from collections.abc import Mapping
 
 import numpy as np
 import onnx
+from onnx import TensorProto, numpy_helper
 
 from korch.errors import KorchError, error_line
 from korch.ir import Graph
-from korch.prims import Prim
+from korch.prims import BFLOAT16, Prim
+
+_BF16, _F32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+_DTYPE_ATTRS = ("to", "dtype", "output_dtype")  # (attributes naming an output's element type)
 
 
 def index_limits(graph: Graph) -> dict[str, int]:
@@ -109,6 +113,15 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's outputs in ONNX Runtime; a bfloat16 model's by its float32 twin (ONNX Runtime
+    has no bfloat16 kernels on a CPU), from the same inputs widened (exactly) to float32."""
+    if has_bfloat16(model):
+        model = float32_twin(model)
+        inputs = {k: v.astype(np.float32) if v.dtype == BFLOAT16 else v for k, v in inputs.items()}
+    return _onnxruntime_run(model, inputs)
+
+
+def _onnxruntime_run(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -119,6 +132,67 @@ def onnxruntime_outputs(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]
         return dict(zip(names, sess.run(names, dict(inputs))))
     except Exception as e:
         raise KorchError(f"ONNX Runtime cannot run this model: {error_line(e)}") from None
+
+
+def float32_twin(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` that computes in float32 wherever it computes in bfloat16: initializers,
+    constants and declared types widened, casts to bfloat16 made casts to float32. ONNX Runtime
+    runs it on a CPU (it has no bfloat16 kernels there), as an oracle for bfloat16 results."""
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    _widen_graph(twin.graph)
+    for f in twin.functions:
+        for node in f.node:
+            _widen_node(node)
+    return twin
+
+
+def _widen_tensor(t: onnx.TensorProto) -> None:
+    if t.data_type == _BF16:
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+
+
+def _widen_type(tp: onnx.TypeProto) -> None:
+    which = tp.WhichOneof("value")
+    if which == "tensor_type" and tp.tensor_type.elem_type == _BF16:
+        tp.tensor_type.elem_type = _F32
+    elif which in ("sequence_type", "optional_type"):
+        _widen_type(getattr(tp, which).elem_type)
+
+
+def _widen_graph(g: onnx.GraphProto) -> None:
+    for t in g.initializer:
+        _widen_tensor(t)
+    for v in [*g.input, *g.output, *g.value_info]:
+        _widen_type(v.type)
+    for node in g.node:
+        _widen_node(node)
+
+
+def _widen_node(node: onnx.NodeProto) -> None:
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.INT and a.name in _DTYPE_ATTRS and a.i == _BF16:
+            a.i = _F32
+        elif a.type == onnx.AttributeProto.TENSOR:
+            _widen_tensor(a.t)
+        elif a.type == onnx.AttributeProto.GRAPH:
+            _widen_graph(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs:
+                _widen_graph(g)
+
+
+def has_bfloat16(model: onnx.ModelProto) -> bool:
+    """Whether any initializer, declared value, cast or constant of the main graph is bfloat16."""
+    g = model.graph
+    types = [t.data_type for t in g.initializer]
+    types += [v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]]
+    for a in (a for n in g.node for a in n.attribute):
+        if a.type == onnx.AttributeProto.INT and a.name in _DTYPE_ATTRS:
+            types.append(a.i)
+        elif a.type == onnx.AttributeProto.TENSOR:
+            types.append(a.t.data_type)
+    return _BF16 in types
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:

@@ -204,16 +204,14 @@ class Plan:
 
     @property
     def oracle(self) -> str | None:
-        """What verify() compares against: the source ONNX model in ONNX Runtime, else the
-        primitive graph in the numpy reference executor (plans made from PyTorch modules, and
-        bfloat16 models: ONNX Runtime has no bfloat16 kernels on a CPU)."""
-        if self.model is not None and not self._bfloat16():
-            return "ONNX Runtime"
-        return "the reference executor" if self.graph is not None else None
+        """What verify() compares against: the source ONNX model in ONNX Runtime (a bfloat16
+        model's float32 twin: ONNX Runtime has no bfloat16 kernels on a CPU), else the primitive
+        graph in the numpy reference executor (plans made from PyTorch modules)."""
+        from korch import check
 
-    def _bfloat16(self) -> bool:
-        dtypes = self.graph.dtypes() if self.graph is not None else {t.dtype for _, t in self.inputs}
-        return "bfloat16" in dtypes
+        if self.model is not None:
+            return "ONNX Runtime (the float32 twin)" if check.has_bfloat16(self.model) else "ONNX Runtime"
+        return "the reference executor" if self.graph is not None else None
 
     def verify(self, seed: int = 0) -> float:
         """Largest relative error of the plan against its oracle (see `oracle`)."""
@@ -222,7 +220,7 @@ class Plan:
         if self.oracle is None:
             raise KorchError("this plan has no source model or primitive graph to verify against")
         feeds = self.random_inputs(seed)
-        if self.oracle == "ONNX Runtime":
+        if self.model is not None:
             want = check.onnxruntime_outputs(self.model, feeds)
         else:
             want = reference.run(self.graph, feeds)
