@@ -137,14 +137,44 @@ def test_upsample(mode):
     check_op("Upsample", [rand(1, 2, 3, 4)], {"mode": mode, "scales": [1.0, 1.0, 2.0, 2.0]}, opset=7)
 
 
-def test_resize_cubic_stays_opaque_and_correct():
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {},
+        {"coordinate_transformation_mode": "align_corners"},
+        {"coordinate_transformation_mode": "asymmetric", "cubic_coeff_a": -0.5},
+        {"coordinate_transformation_mode": "pytorch_half_pixel", "exclude_outside": 1},
+    ],
+)
+@pytest.mark.parametrize("scales", [[1, 1, 2, 2], [1, 1, 0.75, 1.5]])
+def test_resize_cubic(attrs, scales):
+    """Four taps per axis, the edge repeated past it (or with exclude_outside the taps outside
+    dropped and the rest renormalized), against ONNX Runtime."""
+    check_op(
+        "Resize", [rand(1, 2, 4, 6), None, Const(np.array(scales, "float32"))], {"mode": "cubic", **attrs}
+    )
+
+
+def test_resize_tf_crop_and_resize():
+    """A region of interest resampled, the coordinates past the input given the extrapolation value."""
+    roi = Const(np.array([0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3], "float32"))
+    for mode in ("nearest", "linear", "cubic"):
+        attrs = {
+            "mode": mode,
+            "coordinate_transformation_mode": "tf_crop_and_resize",
+            "extrapolation_value": 7.0,
+        }
+        check_op("Resize", [rand(1, 2, 5, 6), roi, Const(np.array([1, 1, 1.6, 1.5], "float32"))], attrs)
+
+
+def test_antialiased_downsampling_stays_opaque_and_correct():
     from helpers import check_model, one_node_model
 
     model, feeds = one_node_model(
         "Resize",
-        [rand(1, 1, 4, 4), None, Const(np.array([1, 1, 2, 2], "float32"))],
-        {"mode": "cubic"},
-        opset=13,
+        [rand(1, 1, 8, 8), None, Const(np.array([1, 1, 0.5, 0.5], "float32"))],
+        {"mode": "linear", "antialias": 1},
+        opset=18,
     )
     result = check_model(model, feeds, allow_opaque=True)
     assert result.opaque_ops == ["Resize"]

@@ -137,3 +137,44 @@ def test_mod_on_floats_takes_the_divisors_sign_only_where_onnx_allows_it(opset):
     want = np.mod(a, b)
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def _constant_inputs(model, ins: list[np.ndarray], keep: int):
+    """The model with its graph inputs after the first `keep` made initializers holding `ins`."""
+    from onnx import numpy_helper
+
+    frozen = type(model)()
+    frozen.CopyFrom(model)
+    graph = frozen.graph
+    for value, x in zip(list(graph.input)[keep:], ins[keep:]):
+        graph.initializer.append(numpy_helper.from_array(np.asarray(x), value.name))
+    del graph.input[keep:]
+    return frozen
+
+
+def test_resize_cases_with_their_scales_and_sizes_as_constants():
+    """ONNX's Resize cases feed roi, scales and sizes as graph inputs, which korch needs as
+    constants (they fix the output's shape): made initializers, every case korch lowers computes
+    the expected outputs, or ONNX Runtime's where it differs from them (downsampling by a scale
+    with align_corners: ONNX's reference divides by the unrounded output size, ONNX Runtime by the
+    output's): nearest, linear and cubic (with cubic_coeff_a and exclude_outside), and
+    tf_crop_and_resize and keep_aspect_ratio_policy; antialiased downsampling is refused."""
+    lowered, wrong = [], []
+    for name, model, ins, want in _cases():
+        if not name.startswith("test_resize_"):
+            continue
+        frozen = _constant_inputs(model, ins, 1)
+        try:
+            got = _korch(frozen, ins[:1], strict=True)
+        except KorchError:
+            continue
+        lowered.append(name)
+        differs = _disagreement(got, want)
+        if differs and (
+            _disagreement(got, _onnxruntime(frozen, ins[:1])) or _onnxruntime(frozen, ins[:1]) is None
+        ):
+            wrong.append(f"{name}: {differs}")
+    assert not wrong, wrong
+    assert sum("cubic" in name for name in lowered) >= 8, lowered
+    assert sum("crop_and_resize" in name for name in lowered) >= 4, lowered
+    assert len(lowered) >= 33, len(lowered)  # (35 with onnx 1.23)

@@ -53,11 +53,11 @@ def rnn_weights():
     return _model(nodes, [("x", F, [5, 2, 8])], outs, inits), "LSTM"
 
 
-def resize_cubic_scales():
-    """A cubic Resize (no fission rule) with constant scales after an omitted roi."""
-    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="cubic")
-    scales = np.array([1, 1, 2, 2], "float32")
-    return _model([node], [("x", F, [1, 2, 4, 4])], [("y", F, [1, 2, 8, 8])], [("s", scales)], 13), "Resize"
+def resize_antialiased():
+    """An antialiased downsampling Resize (no fission rule) with constant scales after an omitted roi."""
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear", antialias=1)
+    scales = np.array([1, 1, 0.5, 0.5], "float32")
+    return _model([node], [("x", F, [1, 2, 8, 8])], [("y", F, [1, 2, 4, 4])], [("s", scales)], 18), "Resize"
 
 
 def grid_sample_weight():
@@ -86,7 +86,7 @@ def rnn_last_state_only():
 
 MODELS = {
     "rnn_weights": rnn_weights,
-    "resize_cubic": resize_cubic_scales,
+    "resize_antialiased": resize_antialiased,
     "grid_sample_weight": grid_sample_weight,
     "rnn_last_state_only": rnn_last_state_only,
 }
@@ -109,7 +109,7 @@ def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
     model, op = MODELS[case]()
     spec, inputs, weights = _opaque_spec(model)
     assert spec.graph.nodes[0].a["op_type"] == op
-    if case in ("rnn_weights", "resize_cubic"):
+    if case in ("rnn_weights", "resize_antialiased"):
         assert spec.graph.constants, "the small constant input should be baked into the kernel"
     if case in ("rnn_weights", "grid_sample_weight"):
         assert weights, "the large constant should be a weight input"

@@ -421,6 +421,16 @@ OPS = [
         lambda x: F.interpolate(x, size=(5, 9)) + F.interpolate(x, size=(5, 9), mode="bilinear"),
         (X,),
     ),
+    (  # (cubic taps past the edge read the edge; half-pixel coordinates are not clamped)
+        "upsample_bicubic",
+        lambda x: (
+            F.interpolate(x, scale_factor=2, mode="bicubic")
+            + F.interpolate(x, size=(12, 12), mode="bicubic", align_corners=True)
+            + F.interpolate(x, size=(5, 9), mode="bicubic").mean()
+            + F.interpolate(x, scale_factor=1.5, mode="bicubic")[..., :12, :12].mean()
+        ),
+        (X,),
+    ),
 ]
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -212,28 +214,93 @@ def linear_taps(coords: np.ndarray, in_len: int, dtype: str) -> tuple[np.ndarray
     return lo, np.minimum(lo + 1, in_len - 1), (coords - lo).astype(dtype)
 
 
-def resample(ctx: Lowering, x: str, out_sizes, scales, mode: str, ctm: str, nearest: str) -> str:
-    """Separable resampling: one gather (nearest) or two gathers and a lerp (linear) per axis."""
+def cubic_taps(
+    coords: np.ndarray, in_len: int, a: float, exclude_outside: bool, dtype: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(indices [4, out], weights [4, out]) of cubic convolution with coefficient `a` at each source
+    coordinate c: the taps floor(c) - 1 .. floor(c) + 2, their indices clamped to the input (its
+    edge repeated, as ONNX Runtime and torch do), or with `exclude_outside` the taps outside it
+    weighted 0 and the others renormalized."""
+    base = np.floor(coords.astype(np.float64))
+    offsets = np.arange(-1, 3).reshape(4, 1)
+    index = base.astype("int64").reshape(1, -1) + offsets
+    d = np.abs((coords - base).reshape(1, -1) - offsets)  # (each tap's distance from c)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    weight = np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+    if exclude_outside:
+        weight = np.where((index >= 0) & (index < in_len), weight, 0.0)
+        weight = weight / weight.sum(0, keepdims=True)
+    return np.clip(index, 0, in_len - 1), weight.astype(dtype)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How Resize reads its input: the mode (nearest, linear, cubic), the coordinate transformation
+    and nearest rounding, cubic's coefficient and exclude_outside, and tf_crop_and_resize's region
+    of interest (per axis (start, end), as fractions of the input) and extrapolation value."""
+
+    mode: str
+    ctm: str = "half_pixel"
+    nearest: str = "round_prefer_floor"
+    cubic_a: float = -0.75
+    exclude_outside: bool = False
+    roi: tuple[tuple[float, float], ...] | None = None
+    extrapolation: float = 0.0
+
+
+def resample(ctx: Lowering, x: str, out_sizes, scales, how: Sampling) -> str:
+    """Separable resampling: per axis one gather (nearest), two gathers and a lerp (linear), or
+    four gathers weighted and summed (cubic); tf_crop_and_resize's coordinates outside the input
+    take the extrapolation value."""
     dtype = ctx.dtype(x)
     for axis, (in_len, out_len, scale) in enumerate(zip(ctx.shape(x), out_sizes, scales)):
-        if scale == 1.0 or (mode == "nearest" and in_len == out_len):
+        roi = how.roi[axis] if how.roi else (0.0, 1.0)
+        if (scale == 1.0 or (how.mode == "nearest" and in_len == out_len)) and roi == (0.0, 1.0):
             # ONNX Runtime (1.32) copies these axes; for a linear resize it honours any other scale
             continue
-        coords = source_coords(ctm, out_len, in_len, scale)
-        if mode == "nearest":
-            index = _nearest_index(coords, nearest, in_len, scale)
+        if how.ctm == "tf_crop_and_resize":
+            coords = _crop_coords(out_len, in_len, *roi)
+        else:
+            coords = source_coords(how.ctm, out_len, in_len, scale)
+        along = [out_len] + [1] * (ctx.rank(x) - axis - 1)  # (a value per output index)
+        if how.mode == "nearest":
+            index = _nearest_index(coords, how.nearest, in_len, scale)
             x = ctx.emit(Prim.GATHER, x, ctx.const(index), axis=axis)
-            continue
-        work = dtype if dtype in FLOAT_DTYPES else "float32"  # integers interpolate in float
-        lo, hi, weight = linear_taps(coords, in_len, work)
-        rank = ctx.rank(x)
-        w = ctx.const(weight.reshape([out_len] + [1] * (rank - axis - 1)))
-        g0 = ctx.cast(ctx.emit(Prim.GATHER, x, ctx.const(lo), axis=axis), work)
-        g1 = ctx.cast(ctx.emit(Prim.GATHER, x, ctx.const(hi), axis=axis), work)
-        x = ctx.elementwise(Prim.ADD, g0, ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, g1, g0), w))
-        if work != dtype:
-            x = ctx.cast(ctx.unary(Prim.ROUND, x), dtype)
+        else:
+            work = dtype if dtype in FLOAT_DTYPES else "float32"  # integers interpolate in float
+            if how.mode == "cubic":
+                index, weight = cubic_taps(coords, in_len, how.cubic_a, how.exclude_outside, work)
+                taps = [ctx.cast(ctx.emit(Prim.GATHER, x, ctx.const(i), axis=axis), work) for i in index]
+                terms = [
+                    ctx.elementwise(Prim.MUL, t, ctx.const(w.reshape(along))) for t, w in zip(taps, weight)
+                ]
+                x = functools.reduce(lambda p, q: ctx.elementwise(Prim.ADD, p, q), terms)
+            else:
+                lo, hi, weight = linear_taps(coords, in_len, work)
+                g0 = ctx.cast(ctx.emit(Prim.GATHER, x, ctx.const(lo), axis=axis), work)
+                g1 = ctx.cast(ctx.emit(Prim.GATHER, x, ctx.const(hi), axis=axis), work)
+                lerp = ctx.elementwise(
+                    Prim.MUL, ctx.elementwise(Prim.SUB, g1, g0), ctx.const(weight.reshape(along))
+                )
+                x = ctx.elementwise(Prim.ADD, g0, lerp)
+            if work != dtype:
+                x = ctx.cast(ctx.unary(Prim.ROUND, x), dtype)
+        outside = (coords < 0) | (coords > in_len - 1)
+        if how.ctm == "tf_crop_and_resize" and outside.any():
+            fill = ctx.scalar(how.extrapolation, dtype)
+            x = ctx.elementwise(Prim.WHERE, ctx.const(outside.reshape(along)), fill, x)
     return x
+
+
+def _crop_coords(out_len: int, in_len: int, start: float, end: float) -> np.ndarray:
+    """tf_crop_and_resize's source coordinates: the region [start, end] of the input (fractions of
+    its last index) spread over the output, its centre for an output of one."""
+    f = np.float32
+    if out_len == 1:
+        return np.full(1, f(end - start) * f(in_len - 1) / f(2) + f(start) * f(in_len - 1), f)
+    step = f(end - start) * f(in_len - 1) / f(out_len - 1)
+    return np.arange(out_len, dtype=f) * step + f(start) * f(in_len - 1)
 
 
 def _scaled_size(dim: int, scale) -> int:
@@ -247,24 +314,30 @@ def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
     shape = ctx.shape(x)
     rank = len(shape)
     mode = n.attr("mode", "nearest")
+    roi_v = None
     if n.opset < 11:
         scales_v, sizes_v, ctm, nearest = n.input(1), None, "asymmetric", "simple"
     else:
-        scales_v, sizes_v = n.input(2), n.input(3)
-        n.input(1)  # roi: looked at, and used only by tf_crop_and_resize (refused below)
+        roi_v, scales_v, sizes_v = n.input(1), n.input(2), n.input(3)
         ctm = n.attr("coordinate_transformation_mode", "half_pixel")
         nearest = n.attr("nearest_mode", "round_prefer_floor")
-    if mode not in ("nearest", "linear"):
+    if mode not in ("nearest", "linear", "cubic"):
         ctx.unsupported(f"Resize mode {mode}")
-    if ctm not in COORDINATE_MODES:
+    if ctm not in (*COORDINATE_MODES, "tf_crop_and_resize"):
         ctx.unsupported(f"Resize coordinate_transformation_mode {ctm}")
-    if n.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        ctx.unsupported("Resize keep_aspect_ratio_policy other than stretch")
     axes = n.attrs.get("axes")
     axes = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
     scales, out_sizes = [1.0] * rank, list(shape)
     sizes = ctx.ints(sizes_v, "Resize sizes")
-    if sizes:
+    policy = n.attr("keep_aspect_ratio_policy", "stretch")
+    if sizes and policy != "stretch":  # (one scale for every axis, the smallest or the largest)
+        if policy not in ("not_larger", "not_smaller"):
+            ctx.unsupported(f"Resize keep_aspect_ratio_policy {policy}")
+        pick = min if policy == "not_larger" else max
+        scale = pick(s / shape[a] for a, s in zip(axes, sizes))
+        for a in axes:
+            out_sizes[a], scales[a] = int(scale * shape[a] + 0.5), scale
+    elif sizes:
         for a, s in zip(axes, sizes):
             out_sizes[a], scales[a] = s, s / shape[a]
     else:
@@ -273,7 +346,23 @@ def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
             out_sizes[a], scales[a] = _scaled_size(shape[a], s), float(np.float32(s))
     if n.attr("antialias", 0) and any(s < 1 for s in scales):
         ctx.unsupported("antialiased downsampling")
-    return [resample(ctx, x, out_sizes, scales, mode, ctm, nearest)]
+    roi = None
+    if ctm == "tf_crop_and_resize":
+        given = ctx.require_const(roi_v, "Resize roi").astype(np.float64).reshape(-1)
+        bounds = [(0.0, 1.0)] * rank
+        for i, a in enumerate(axes):
+            bounds[a] = (float(given[i]), float(given[len(axes) + i]))
+        roi = tuple(bounds)
+    how = Sampling(
+        mode,
+        ctm,
+        nearest,
+        n.attr("cubic_coeff_a", -0.75),
+        bool(n.attr("exclude_outside", 0)),
+        roi,
+        n.attr("extrapolation_value", 0.0),
+    )
+    return [resample(ctx, x, out_sizes, scales, how)]
 
 
 @fission("Upsample", 7)
@@ -288,7 +377,7 @@ def upsample(ctx: Lowering, n: OnnxNode) -> list[str]:
         scales = [float(s) for s in ctx.require_const(n.inputs[1], "Upsample scales").reshape(-1)]
     out_sizes = [_scaled_size(d, s) for d, s in zip(ctx.shape(x), scales)]
     mode = "nearest" if mode == "nearest" else "linear"
-    return [resample(ctx, x, out_sizes, scales, mode, "asymmetric", "simple")]
+    return [resample(ctx, x, out_sizes, scales, Sampling(mode, "asymmetric", "simple"))]
 
 
 # ------------------------------------------------------------- grid sampling

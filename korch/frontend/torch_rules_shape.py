@@ -12,6 +12,7 @@ from korch.frontend.rules_layout import gather_elements_core, slice_bounds, tile
 from korch.frontend.rules_linear import add_bias, matmul
 from korch.frontend.rules_pool import (
     GRID_PADDINGS,
+    Sampling,
     avg_pool_core,
     grid_sample_core,
     max_pool_core,
@@ -545,7 +546,20 @@ def upsample_linear(ctx: Lowering, n: AtenNode) -> str:
     factors = [None, None] + _scale_factors(n, len(in_shape) - 2)
     scales = [f if f else o / i for f, i, o in zip(factors, in_shape, out_shape)]
     mode = "align_corners" if n["align_corners"] else "pytorch_half_pixel"
-    return resample(ctx, x, out_shape, scales, "linear", mode, "floor")
+    return resample(ctx, x, out_shape, scales, Sampling("linear", mode, "floor"))
+
+
+@aten("aten.upsample_bicubic2d.vec")
+def upsample_bicubic(ctx: Lowering, n: AtenNode) -> str:
+    """torch's bicubic interpolation: cubic convolution with a = -0.75 over the four nearest
+    pixels, their indices clamped to the input, at half-pixel source coordinates not clamped
+    (unlike bilinear's) or at align_corners'."""
+    x = n["input"]
+    in_shape, out_shape = ctx.shape(x), n.out.shape
+    factors = [None, None] + _scale_factors(n, len(in_shape) - 2)
+    scales = [f if f else o / i for f, i, o in zip(factors, in_shape, out_shape)]
+    mode = "align_corners" if n["align_corners"] else "half_pixel"
+    return resample(ctx, x, out_shape, scales, Sampling("cubic", mode))
 
 
 @aten("aten.grid_sampler_2d.default")
