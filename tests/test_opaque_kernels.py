@@ -53,11 +53,11 @@ def rnn_weights():
     return _model(nodes, [("x", F, [5, 2, 8])], outs, inits), "LSTM"
 
 
-def resize_antialiased():
-    """An antialiased downsampling Resize (no fission rule) with constant scales after an omitted roi."""
-    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear", antialias=1)
-    scales = np.array([1, 1, 0.5, 0.5], "float32")
-    return _model([node], [("x", F, [1, 2, 8, 8])], [("y", F, [1, 2, 4, 4])], [("s", scales)], 18), "Resize"
+def col2im_shapes():
+    """A Col2Im (no fission rule) whose image and block shapes are small constants."""
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"])
+    shapes = [("image", np.array([4, 4], "int64")), ("block", np.array([2, 2], "int64"))]
+    return _model([node], [("x", F, [1, 8, 9])], [("y", F, [1, 2, 4, 4])], shapes, 18), "Col2Im"
 
 
 def grid_sample_weight():
@@ -86,7 +86,7 @@ def rnn_last_state_only():
 
 MODELS = {
     "rnn_weights": rnn_weights,
-    "resize_antialiased": resize_antialiased,
+    "col2im_shapes": col2im_shapes,
     "grid_sample_weight": grid_sample_weight,
     "rnn_last_state_only": rnn_last_state_only,
 }
@@ -109,7 +109,7 @@ def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
     model, op = MODELS[case]()
     spec, inputs, weights = _opaque_spec(model)
     assert spec.graph.nodes[0].a["op_type"] == op
-    if case in ("rnn_weights", "resize_antialiased"):
+    if case in ("rnn_weights", "col2im_shapes"):
         assert spec.graph.constants, "the small constant input should be baked into the kernel"
     if case in ("rnn_weights", "grid_sample_weight"):
         assert weights, "the large constant should be a weight input"

@@ -214,22 +214,30 @@ def linear_taps(coords: np.ndarray, in_len: int, dtype: str) -> tuple[np.ndarray
     return lo, np.minimum(lo + 1, in_len - 1), (coords - lo).astype(dtype)
 
 
-def cubic_taps(
-    coords: np.ndarray, in_len: int, a: float, exclude_outside: bool, dtype: str
+def filter_taps(
+    coords: np.ndarray, in_len: int, how: Sampling, scale: float, dtype: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(indices [4, out], weights [4, out]) of cubic convolution with coefficient `a` at each source
-    coordinate c: the taps floor(c) - 1 .. floor(c) + 2, their indices clamped to the input (its
-    edge repeated, as ONNX Runtime and torch do), or with `exclude_outside` the taps outside it
-    weighted 0 and the others renormalized."""
+    """(indices [n, out], weights [n, out]) of a linear (triangle) or cubic (coefficient a) filter
+    at each source coordinate c: the n taps around floor(c), their indices clamped to the input
+    (its edge repeated, as ONNX Runtime and torch do), or with exclude_outside the taps outside it
+    weighted 0 and the others renormalized. Antialiased downsampling by `scale` < 1 stretches the
+    filter by 1 / scale (more taps, each weighed at its distance times scale) and normalizes it."""
+    support = 2 if how.mode == "cubic" else 1
+    stretch = 1 / min(scale, 1.0) if how.antialias else 1.0
+    n = 2 * math.ceil(support * stretch)
     base = np.floor(coords.astype(np.float64))
-    offsets = np.arange(-1, 3).reshape(4, 1)
+    offsets = np.arange(1 - n // 2, n // 2 + 1).reshape(n, 1)
     index = base.astype("int64").reshape(1, -1) + offsets
-    d = np.abs((coords - base).reshape(1, -1) - offsets)  # (each tap's distance from c)
-    near = ((a + 2) * d - (a + 3)) * d * d + 1
-    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
-    weight = np.where(d <= 1, near, np.where(d < 2, far, 0.0))
-    if exclude_outside:
+    d = np.abs(offsets - (coords - base).reshape(1, -1)) / stretch  # (each tap's scaled distance from c)
+    if how.mode == "cubic":
+        a = how.cubic_a
+        near, far = ((a + 2) * d - (a + 3)) * d * d + 1, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+        weight = np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+    else:
+        weight = np.clip(1 - d, 0, None)
+    if how.exclude_outside:
         weight = np.where((index >= 0) & (index < in_len), weight, 0.0)
+    if how.exclude_outside or stretch != 1:
         weight = weight / weight.sum(0, keepdims=True)
     return np.clip(index, 0, in_len - 1), weight.astype(dtype)
 
@@ -237,8 +245,9 @@ def cubic_taps(
 @dataclass(frozen=True)
 class Sampling:
     """How Resize reads its input: the mode (nearest, linear, cubic), the coordinate transformation
-    and nearest rounding, cubic's coefficient and exclude_outside, and tf_crop_and_resize's region
-    of interest (per axis (start, end), as fractions of the input) and extrapolation value."""
+    and nearest rounding, cubic's coefficient and exclude_outside, tf_crop_and_resize's region of
+    interest (per axis (start, end), as fractions of the input) and extrapolation value, and
+    whether linear and cubic downsampling is antialiased."""
 
     mode: str
     ctm: str = "half_pixel"
@@ -247,12 +256,13 @@ class Sampling:
     exclude_outside: bool = False
     roi: tuple[tuple[float, float], ...] | None = None
     extrapolation: float = 0.0
+    antialias: bool = False
 
 
 def resample(ctx: Lowering, x: str, out_sizes, scales, how: Sampling) -> str:
     """Separable resampling: per axis one gather (nearest), two gathers and a lerp (linear), or
-    four gathers weighted and summed (cubic); tf_crop_and_resize's coordinates outside the input
-    take the extrapolation value."""
+    gathers weighted and summed (cubic's four taps, an antialiased filter's more);
+    tf_crop_and_resize's coordinates outside the input take the extrapolation value."""
     dtype = ctx.dtype(x)
     for axis, (in_len, out_len, scale) in enumerate(zip(ctx.shape(x), out_sizes, scales)):
         roi = how.roi[axis] if how.roi else (0.0, 1.0)
@@ -269,8 +279,8 @@ def resample(ctx: Lowering, x: str, out_sizes, scales, how: Sampling) -> str:
             x = ctx.emit(Prim.GATHER, x, ctx.const(index), axis=axis)
         else:
             work = dtype if dtype in FLOAT_DTYPES else "float32"  # integers interpolate in float
-            if how.mode == "cubic":
-                index, weight = cubic_taps(coords, in_len, how.cubic_a, how.exclude_outside, work)
+            if how.mode == "cubic" or (how.antialias and scale < 1):
+                index, weight = filter_taps(coords, in_len, how, scale, work)
                 taps = [ctx.cast(ctx.emit(Prim.GATHER, x, ctx.const(i), axis=axis), work) for i in index]
                 terms = [
                     ctx.elementwise(Prim.MUL, t, ctx.const(w.reshape(along))) for t, w in zip(taps, weight)
@@ -344,8 +354,6 @@ def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
         given = ctx.require_const(scales_v, "Resize scales").astype(np.float64).reshape(-1)
         for a, s in zip(axes, given):
             out_sizes[a], scales[a] = _scaled_size(shape[a], s), float(np.float32(s))
-    if n.attr("antialias", 0) and any(s < 1 for s in scales):
-        ctx.unsupported("antialiased downsampling")
     roi = None
     if ctm == "tf_crop_and_resize":
         given = ctx.require_const(roi_v, "Resize roi").astype(np.float64).reshape(-1)
@@ -361,6 +369,7 @@ def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
         bool(n.attr("exclude_outside", 0)),
         roi,
         n.attr("extrapolation_value", 0.0),
+        bool(n.attr("antialias", 0)) and mode != "nearest",
     )
     return [resample(ctx, x, out_sizes, scales, how)]
 
