@@ -431,6 +431,16 @@ OPS = [
         ),
         (X,),
     ),
+    (  # (PIL's filters, stretched when downsampling; taps outside the input dropped)
+        "upsample_antialiased",
+        lambda x: (
+            F.interpolate(x, size=(3, 4), mode="bilinear", antialias=True)
+            + F.interpolate(x, size=(3, 4), mode="bicubic", antialias=True)
+            + F.interpolate(x, scale_factor=(0.4, 1.7), mode="bicubic", antialias=True).mean()
+            + F.interpolate(x, size=(2, 9), mode="bilinear", antialias=True).mean()
+        ),
+        (X,),
+    ),
 ]
 
 

@@ -522,6 +522,9 @@ def _nearest_index(in_len: int, out_len: int, scale_factor: float | None) -> np.
 
 
 def _scale_factors(n: AtenNode, nd: int) -> list[float | None]:
+    """The .vec overloads' scale_factors, or the others' scales_h and scales_w."""
+    if "scales_h" in n.params:
+        return [n.get("scales_h"), n.get("scales_w")]
     factors = n.get("scale_factors")
     return list(factors) if factors else [None] * nd
 
@@ -549,17 +552,38 @@ def upsample_linear(ctx: Lowering, n: AtenNode) -> str:
     return resample(ctx, x, out_shape, scales, Sampling("linear", mode, "floor"))
 
 
+def _resize_scales(n: AtenNode, x: str, ctx: Lowering) -> list[float]:
+    in_shape, out_shape = ctx.shape(x), n.out.shape
+    factors = [None, None] + _scale_factors(n, len(in_shape) - 2)
+    return [f if f else o / i for f, i, o in zip(factors, in_shape, out_shape)]
+
+
 @aten("aten.upsample_bicubic2d.vec")
 def upsample_bicubic(ctx: Lowering, n: AtenNode) -> str:
     """torch's bicubic interpolation: cubic convolution with a = -0.75 over the four nearest
     pixels, their indices clamped to the input, at half-pixel source coordinates not clamped
     (unlike bilinear's) or at align_corners'."""
     x = n["input"]
-    in_shape, out_shape = ctx.shape(x), n.out.shape
-    factors = [None, None] + _scale_factors(n, len(in_shape) - 2)
-    scales = [f if f else o / i for f, i, o in zip(factors, in_shape, out_shape)]
     mode = "align_corners" if n["align_corners"] else "half_pixel"
-    return resample(ctx, x, out_shape, scales, Sampling("cubic", mode))
+    return resample(ctx, x, n.out.shape, _resize_scales(n, x, ctx), Sampling("cubic", mode))
+
+
+@aten(
+    "aten._upsample_bilinear2d_aa.vec",
+    "aten._upsample_bicubic2d_aa.vec",
+    "aten._upsample_bilinear2d_aa.default",
+    "aten._upsample_bicubic2d_aa.default",
+)
+def upsample_antialiased(ctx: Lowering, n: AtenNode) -> str:
+    """F.interpolate(..., antialias=True), PIL's filters: a triangle, or cubic with a = -0.5,
+    stretched by the downsampling factor, taps outside the input dropped and the rest
+    normalized (exclude_outside), at half-pixel coordinates."""
+    if n["align_corners"]:
+        ctx.unsupported("antialiased interpolation with align_corners")
+    x = n.get("input") or n["self"]
+    cubic = "bicubic" in n.target
+    how = Sampling("cubic" if cubic else "linear", cubic_a=-0.5, exclude_outside=True, antialias=True)
+    return resample(ctx, x, n.out.shape, _resize_scales(n, x, ctx), how)
 
 
 @aten("aten.grid_sampler_2d.default")
