@@ -335,6 +335,9 @@ def resize(ctx: Lowering, n: OnnxNode) -> list[str]:
         ctx.unsupported(f"Resize mode {mode}")
     if ctm not in (*COORDINATE_MODES, "tf_crop_and_resize"):
         ctx.unsupported(f"Resize coordinate_transformation_mode {ctm}")
+    needed = [sizes_v or scales_v, roi_v if ctm == "tf_crop_and_resize" else None]
+    if any(v and ctx.const_value(v) is None for v in needed):  # (ONNX Runtime can run it whole)
+        ctx.unsupported("Resize with scales, sizes or roi known only at run time")
     axes = n.attrs.get("axes")
     axes = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
     scales, out_sizes = [1.0] * rank, list(shape)
@@ -382,6 +385,8 @@ def upsample(ctx: Lowering, n: OnnxNode) -> list[str]:
         ctx.unsupported(f"Upsample mode {mode}")
     if n.opset < 9:
         scales = [float(s) for s in n.attr("scales")]
+    elif ctx.const_value(n.inputs[1]) is None:
+        ctx.unsupported("Upsample with scales known only at run time")
     else:
         scales = [float(s) for s in ctx.require_const(n.inputs[1], "Upsample scales").reshape(-1)]
     out_sizes = [_scaled_size(d, s) for d, s in zip(ctx.shape(x), scales)]

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
+from korch.frontend.rules_layout import gather_elements_core
 from korch.frontend.rules_linear import matmul
 from korch.prims import Prim, is_float
 
@@ -76,11 +77,16 @@ for _op, _body in _REDUCTIONS.items():
 
 def _arg_rule(prim: Prim):
     def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
-        if n.attr("select_last_index", 0):
-            ctx.unsupported("select_last_index=1")
         x = n.inputs[0]
         (axis,) = normalize_axes([n.attr("axis", 0)], ctx.rank(x))
-        y = ctx.emit(prim, x, axis=axis)
+        if n.attr("select_last_index", 0):  # the first of x reversed along the axis, counted from the end
+            size = ctx.shape(x)[axis]
+            reversed_x = ctx.emit(Prim.GATHER, x, ctx.const(np.arange(size - 1, -1, -1)), axis=axis)
+            y = ctx.elementwise(
+                Prim.SUB, ctx.scalar(size - 1, "int64"), ctx.emit(prim, reversed_x, axis=axis)
+            )
+        else:
+            y = ctx.emit(prim, x, axis=axis)
         if n.attr("keepdims", 1):
             return [y]
         return [ctx.reshape(y, [d for i, d in enumerate(ctx.shape(x)) if i != axis])]
@@ -396,3 +402,52 @@ def scan_core(
         y = combine(ctx, y, before) if callable(combine) else ctx.elementwise(combine, y, before)
         shift *= 2
     return shifted(y, 1) if exclusive and length else y
+
+
+# ---------------------------------------------------------------------- losses
+
+
+def nll_loss(ctx: Lowering, n: OnnxNode, log_prob: str) -> str:
+    """-log_prob[n, target[n, ...], ...] * weight[target], 0 where target is ignore_index; reduced
+    by sum, or by mean: the sum over the weights of the targets not ignored."""
+    target, weight = n.inputs[1], n.input(2)
+    shape, dtype = ctx.shape(target), ctx.dtype(log_prob)
+    reduction = n.attr("reduction", "mean")
+    if reduction not in ("none", "sum", "mean"):
+        ctx.unsupported(f"{n.op_type} reduction {reduction}")
+    ignore = n.attr("ignore_index", None)
+    kept = None
+    if ignore is not None:
+        kept = ctx.elementwise(
+            Prim.NOT, ctx.elementwise(Prim.EQ, target, ctx.scalar(ignore, ctx.dtype(target)))
+        )
+        target = ctx.elementwise(Prim.WHERE, kept, target, ctx.scalar(0, ctx.dtype(target)))  # (in range)
+    index = ctx.reshape(target, (shape[0], 1, *shape[1:]))
+    picked = ctx.reshape(gather_elements_core(ctx, log_prob, index, 1), shape)
+    w = ctx.emit(Prim.GATHER, weight, target, axis=0) if weight else None
+    if kept is not None:
+        mask = ctx.cast(kept, dtype)
+        w = mask if w is None else ctx.elementwise(Prim.MUL, w, mask)
+    loss = ctx.unary(Prim.NEG, picked if w is None else ctx.elementwise(Prim.MUL, picked, w))
+    axes = list(range(len(shape)))
+    if reduction == "none":
+        return loss
+    total = ctx.reduce(Prim.REDUCE_SUM, loss, axes, keepdims=False)
+    if reduction == "sum":
+        return total
+    if w is None:
+        return ctx.elementwise(Prim.DIV, total, ctx.scalar(math.prod(shape), dtype))
+    return ctx.elementwise(Prim.DIV, total, ctx.reduce(Prim.REDUCE_SUM, w, axes, keepdims=False))
+
+
+@fission("NegativeLogLikelihoodLoss", 12, 13, 22)
+def negative_log_likelihood_loss(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [nll_loss(ctx, n, n.inputs[0])]
+
+
+@fission("SoftmaxCrossEntropyLoss", 12, 13)
+def softmax_cross_entropy_loss(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """NegativeLogLikelihoodLoss of log_softmax over the classes (axis 1); the log-probabilities
+    are the second output."""
+    log_prob = softmax(ctx, n.inputs[0], 1, log=True)
+    return [nll_loss(ctx, n, log_prob), log_prob]
