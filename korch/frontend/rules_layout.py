@@ -301,6 +301,30 @@ def pad(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [ctx.emit(Prim.PAD, x, pads=pads, mode=mode, value=value)]
 
 
+@fission("CenterCropPad", 18)
+def center_crop_pad(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Each axis cropped or zero-padded to its target size, centred (the extra element of an odd
+    difference at the end)."""
+    x = n.inputs[0]
+    rank = ctx.rank(x)
+    if ctx.const_value(n.inputs[1]) is None:  # (ONNX Runtime can run it whole)
+        ctx.unsupported("CenterCropPad with a shape known only at run time")
+    sizes = ctx.ints(n.inputs[1], "CenterCropPad shape")
+    axes = n.attr("axes", None)
+    axes = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
+    pads = [0] * (2 * rank)
+    for a, size in zip(axes, sizes):
+        dim = ctx.shape(x)[a]
+        if size < dim:
+            x = ctx.slice_axis(x, a, (dim - size) // 2, size)
+        elif size > dim:
+            pads[a], pads[rank + a] = (size - dim) // 2, size - dim - (size - dim) // 2
+    if not any(pads):
+        return [x]
+    value = 0 if ctx.dtype(x) == "bool" or ctx.dtype(x).startswith(("int", "uint")) else 0.0
+    return [ctx.emit(Prim.PAD, x, pads=pads, mode="constant", value=value)]
+
+
 @fission("Trilu", 14)
 def trilu(ctx: Lowering, n: OnnxNode) -> list[str]:
     x = n.inputs[0]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.frontend.rules_elementwise import clip_core
 from korch.frontend.rules_linear import spatial_attrs
@@ -395,6 +396,36 @@ def upsample(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 
 # ------------------------------------------------------------- grid sampling
+
+
+@fission("AffineGrid", 20)
+def affine_grid(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """theta [N, nd, nd + 1] times every output position's homogeneous normalized coordinates
+    (x first, then y, z; -1 and 1 the corner pixels' centres with align_corners, else their
+    edges): the grid [N, (D,) H, W, nd] GridSample reads."""
+    theta = n.inputs[0]
+    if ctx.const_value(n.inputs[1]) is None:  # (ONNX Runtime can run it whole)
+        ctx.unsupported("AffineGrid with a size known only at run time")
+    size = ctx.ints(n.inputs[1], "AffineGrid size")
+    spatial = size[2:]
+    nd = len(spatial)
+    if nd not in (2, 3) or ctx.shape(theta) != (size[0], nd, nd + 1):
+        raise KorchError(f"AffineGrid theta {list(ctx.shape(theta))} does not fit size {size}")
+    axes = [_normalized_positions(d, bool(n.attr("align_corners", 0))) for d in spatial]
+    mesh = np.meshgrid(*axes, indexing="ij")  # (z,) y, x over the output
+    homogeneous = np.stack([*mesh[::-1], np.ones(spatial)], axis=-1).reshape(-1, nd + 1)
+    batch, positions = size[0], homogeneous.shape[0]
+    points = ctx.const(homogeneous.T.astype(ctx.dtype(theta)))  # [nd + 1, positions]
+    rows = ctx.reshape(theta, (batch * nd, nd + 1))
+    grid = ctx.reshape(ctx.emit(Prim.MATMUL, rows, points), (batch, nd, positions))
+    return [ctx.reshape(ctx.transpose(grid, (0, 2, 1)), (batch, *spatial, nd))]
+
+
+def _normalized_positions(size: int, align_corners: bool) -> np.ndarray:
+    if align_corners:
+        return np.linspace(-1, 1, size) if size > 1 else np.array([-1.0])
+    return (np.arange(size) * 2 + 1) / size - 1
+
 
 GRID_PADDINGS = ("zeros", "border", "reflection")
 
