@@ -61,15 +61,15 @@ def col2im_shapes():
 
 
 def grid_sample_weight():
-    """A bicubic GridSample (its rule takes bilinear and nearest) with a constant grid large enough
-    to be a weight, then a fusible op."""
+    """A volumetric GridSample (its rule takes 2-d images) with a constant grid large enough to be
+    a weight, then a fusible op."""
     nodes = [
-        helper.make_node("GridSample", ["x", "grid"], ["s"], mode="bicubic"),
+        helper.make_node("GridSample", ["x", "grid"], ["s"], mode="linear"),
         helper.make_node("Tanh", ["s"], ["y"]),
     ]
-    grid = np.random.default_rng(0).uniform(-1, 1, (1, 3, 3, 2)).astype("float32")
+    grid = np.random.default_rng(0).uniform(-1, 1, (1, 3, 3, 3, 3)).astype("float32")
     return _model(
-        nodes, [("x", F, [1, 2, 4, 4])], [("y", F, [1, 2, 3, 3])], [("grid", grid)], 16
+        nodes, [("x", F, [1, 2, 4, 4, 4])], [("y", F, [1, 2, 3, 3, 3])], [("grid", grid)], 22
     ), "GridSample"
 
 

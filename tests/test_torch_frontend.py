@@ -265,7 +265,7 @@ OPS = [
         "grid_sample",
         lambda x, g: [
             F.grid_sample(x, g, mode=m, padding_mode=p, align_corners=a)
-            for m in ("bilinear", "nearest")
+            for m in ("bilinear", "nearest", "bicubic")
             for p in ("zeros", "border", "reflection")
             for a in (False, True)
         ],

@@ -433,14 +433,15 @@ GRID_PADDINGS = ("zeros", "border", "reflection")
 def grid_sample_core(ctx: Lowering, x: str, grid: str, mode: str, padding: str, align_corners: bool) -> str:
     """x [N, C, H, W] read at grid [N, Ho, Wo, 2] ((x, y) in [-1, 1]) -> [N, C, Ho, Wo]: the
     neighbouring pixels' rows of x viewed as [N * H * W, C] are gathered (zero outside x with
-    zeros padding) and weighted, bilinearly or nearest (half to even, as torch and ONNX Runtime)."""
+    zeros padding) and weighted, bilinearly, bicubically (a = -0.75, torch's and ONNX Runtime's)
+    or nearest (half to even, as torch and ONNX Runtime)."""
     n, c, h, w = ctx.shape(x)
     _, ho, wo, _ = ctx.shape(grid)
-    coords = []
+    raw = []
     for axis, size in ((0, w), (1, h)):  # the grid holds x first
         g = ctx.reshape(ctx.slice_axis(grid, 3, axis, 1), (n, ho, wo))
-        coords.append(_grid_coords(ctx, g, size, padding, align_corners))
-    ix, iy = coords
+        raw.append(_unnormalize(ctx, g, size, align_corners))
+    ix, iy = (_pad_coords(ctx, v, size, padding, align_corners) for v, size in zip(raw, (w, h)))
     rows = ctx.reshape(ctx.transpose(x, (0, 2, 3, 1)), (n * h * w, c))
     base = ctx.const((np.arange(n, dtype="int64") * h * w).reshape(n, 1, 1))
 
@@ -464,6 +465,18 @@ def grid_sample_core(ctx: Lowering, x: str, grid: str, mode: str, padding: str, 
 
     if mode == "nearest":
         out = tap(ctx.unary(Prim.ROUND, iy), ctx.unary(Prim.ROUND, ix), None)
+    elif mode == "cubic":  # (16 taps around the unpadded coordinates, each tap's own padded)
+        out = None
+        corner = [ctx.unary(Prim.FLOOR, v) for v in raw]
+        weights = [_cubic_weights(ctx, ctx.elementwise(Prim.SUB, v, v0)) for v, v0 in zip(raw, corner)]
+        for dy, wy in zip(range(-1, 3), weights[1]):
+            yi = ctx.elementwise(Prim.ADD, corner[1], ctx.scalar(dy, ctx.dtype(iy)))
+            yi = _pad_coords(ctx, yi, h, padding, align_corners)
+            for dx, wx in zip(range(-1, 3), weights[0]):
+                xi = ctx.elementwise(Prim.ADD, corner[0], ctx.scalar(dx, ctx.dtype(ix)))
+                xi = _pad_coords(ctx, xi, w, padding, align_corners)
+                term = tap(yi, xi, ctx.elementwise(Prim.MUL, wy, wx))
+                out = term if out is None else ctx.elementwise(Prim.ADD, out, term)
     else:
         x0, y0 = ctx.unary(Prim.FLOOR, ix), ctx.unary(Prim.FLOOR, iy)
         one = ctx.scalar(1, ctx.dtype(ix))
@@ -483,25 +496,47 @@ def _clip(ctx: Lowering, v: str, low: float, high: float) -> str:
     return clip_core(ctx, v, ctx.scalar(low, ctx.dtype(v)), ctx.scalar(high, ctx.dtype(v)))
 
 
-def _grid_coords(ctx: Lowering, g: str, size: int, padding: str, align_corners: bool) -> str:
+def _unnormalize(ctx: Lowering, g: str, size: int, align_corners: bool) -> str:
     """Pixel coordinates of normalized ones: -1 and 1 are the corner pixels' centres with
-    align_corners, else their outer edges; border clamps them into x, reflection mirrors them at
-    those extremes (then clamps, as torch)."""
+    align_corners, else their outer edges."""
     dtype = ctx.dtype(g)
     one = ctx.scalar(1, dtype)
     if align_corners:
-        coords = ctx.elementwise(
-            Prim.MUL, ctx.elementwise(Prim.ADD, g, one), ctx.scalar((size - 1) / 2, dtype)
-        )
-    else:
-        scaled = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.ADD, g, one), ctx.scalar(size, dtype))
-        coords = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, scaled, one), ctx.scalar(0.5, dtype))
+        return ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.ADD, g, one), ctx.scalar((size - 1) / 2, dtype))
+    scaled = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.ADD, g, one), ctx.scalar(size, dtype))
+    return ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, scaled, one), ctx.scalar(0.5, dtype))
+
+
+def _pad_coords(ctx: Lowering, coords: str, size: int, padding: str, align_corners: bool) -> str:
+    """Border clamps pixel coordinates into x, reflection mirrors them at the extremes (then
+    clamps, as torch); zeros leaves them (a read outside x is zero)."""
     if padding == "reflection":
         low, high = (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
         coords = _reflect(ctx, coords, low, high)
     if padding in ("border", "reflection"):
         coords = _clip(ctx, coords, 0, size - 1)
     return coords
+
+
+def _cubic_weights(ctx: Lowering, t: str, a: float = -0.75) -> list[str]:
+    """Cubic convolution's weights of the taps at -1, 0, 1 and 2 from a point t in [0, 1) past tap 0."""
+    dtype = ctx.dtype(t)
+
+    def poly(d: str, coefficients) -> str:  # Horner's rule in d
+        acc = ctx.scalar(coefficients[0], dtype)
+        for k in coefficients[1:]:
+            acc = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, acc, d), ctx.scalar(k, dtype))
+        return acc
+
+    near, far = (a + 2, -(a + 3), 0.0, 1.0), (a, -5 * a, 8 * a, -4 * a)  # |d| <= 1, 1 < |d| < 2
+    one, two = ctx.scalar(1, dtype), ctx.scalar(2, dtype)
+    distances = [
+        ctx.elementwise(Prim.ADD, t, one),
+        t,
+        ctx.elementwise(Prim.SUB, one, t),
+        ctx.elementwise(Prim.SUB, two, t),
+    ]
+    return [poly(d, far if i in (0, 3) else near) for i, d in enumerate(distances)]
 
 
 def _reflect(ctx: Lowering, v: str, low: float, high: float) -> str:
@@ -523,7 +558,14 @@ def _reflect(ctx: Lowering, v: str, low: float, high: float) -> str:
 @fission("GridSample", 16, 20)
 def grid_sample(ctx: Lowering, n: OnnxNode) -> list[str]:
     x, grid = n.inputs[:2]
-    mode = {"bilinear": "linear", "linear": "linear", "nearest": "nearest"}.get(n.attr("mode", "bilinear"))
+    modes = {
+        "bilinear": "linear",
+        "linear": "linear",
+        "nearest": "nearest",
+        "bicubic": "cubic",
+        "cubic": "cubic",
+    }
+    mode = modes.get(n.attr("mode", "bilinear"))
     padding = n.attr("padding_mode", "zeros")
     if mode is None or padding not in GRID_PADDINGS or ctx.rank(x) != 4:
         ctx.unsupported(f"GridSample {n.attr('mode', 'bilinear')} over rank {ctx.rank(x)}, {padding} padding")

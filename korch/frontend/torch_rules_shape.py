@@ -588,9 +588,7 @@ def upsample_antialiased(ctx: Lowering, n: AtenNode) -> str:
 
 @aten("aten.grid_sampler_2d.default")
 def grid_sampler_2d(ctx: Lowering, n: AtenNode) -> str:
-    """F.grid_sample: modes 0 (bilinear) and 1 (nearest); bicubic (2) is not lowered."""
-    mode = {0: "linear", 1: "nearest"}.get(n["interpolation_mode"])
-    if mode is None:
-        raise KorchError("grid_sample with bicubic interpolation is not supported")
+    """F.grid_sample: modes 0 (bilinear), 1 (nearest) and 2 (bicubic)."""
+    mode = {0: "linear", 1: "nearest", 2: "cubic"}[n["interpolation_mode"]]
     padding = GRID_PADDINGS[n["padding_mode"]]
     return grid_sample_core(ctx, n["input"], n["grid"], mode, padding, bool(n["align_corners"]))
