@@ -9,6 +9,7 @@ from korch.frontend import (  # noqa: F401  (imported for their registrations)
     rules_recurrent,
     rules_reduce,
     rules_scatter,
+    rules_signal,
 )
 from korch.frontend.onnx_import import FissionResult, import_onnx, load_model
 
