@@ -163,10 +163,11 @@ def _constant_inputs(model, ins: list[np.ndarray], keep: int):
         ("test_hannwindow", 0, 4),
         ("test_hammingwindow", 0, 4),
         ("test_blackmanwindow", 0, 4),
+        ("test_col2im", 1, 5),
     ],
 )
 def test_cases_with_their_shape_inputs_as_constants(prefix, keep, lowest):
-    """ONNX's Resize, CenterCropPad, AffineGrid, DFT, STFT and window cases feed roi, scales,
+    """ONNX's Resize, CenterCropPad, AffineGrid, DFT, STFT, window and Col2Im cases feed roi, scales,
     sizes, shapes, axes, lengths and steps as graph inputs (all inputs after the first `keep`),
     which korch needs as constants (they fix the output's shape): made initializers,
     every case korch lowers computes the expected outputs, or ONNX Runtime's where it differs from

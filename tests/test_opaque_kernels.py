@@ -53,11 +53,21 @@ def rnn_weights():
     return _model(nodes, [("x", F, [5, 2, 8])], outs, inits), "LSTM"
 
 
-def col2im_shapes():
-    """A Col2Im (no fission rule) whose image and block shapes are small constants."""
-    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"])
-    shapes = [("image", np.array([4, 4], "int64")), ("block", np.array([2, 2], "int64"))]
-    return _model([node], [("x", F, [1, 8, 9])], [("y", F, [1, 2, 4, 4])], shapes, 18), "Col2Im"
+def qlinear_matmul_scales():
+    """A QLinearMatMul (no fission rule) whose scales and zero points are small constants."""
+    node = helper.make_node("QLinearMatMul", ["x", "xs", "xz", "b", "bs", "bz", "ys", "yz"], ["y"])
+    inits = [
+        ("xs", np.float32(0.05)),
+        ("xz", np.uint8(120)),
+        ("b", np.random.default_rng(0).integers(0, 255, (4, 3)).astype("uint8")),
+        ("bs", np.float32(0.02)),
+        ("bz", np.uint8(128)),
+        ("ys", np.float32(0.3)),
+        ("yz", np.uint8(100)),
+    ]
+    return _model(
+        [node], [("x", TensorProto.UINT8, [2, 4])], [("y", TensorProto.UINT8, [2, 3])], inits, 13
+    ), "QLinearMatMul"
 
 
 def grid_sample_weight():
@@ -86,7 +96,7 @@ def rnn_last_state_only():
 
 MODELS = {
     "rnn_weights": rnn_weights,
-    "col2im_shapes": col2im_shapes,
+    "qlinear_matmul_scales": qlinear_matmul_scales,
     "grid_sample_weight": grid_sample_weight,
     "rnn_last_state_only": rnn_last_state_only,
 }
@@ -109,7 +119,7 @@ def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
     model, op = MODELS[case]()
     spec, inputs, weights = _opaque_spec(model)
     assert spec.graph.nodes[0].a["op_type"] == op
-    if case in ("rnn_weights", "col2im_shapes"):
+    if case in ("rnn_weights", "qlinear_matmul_scales"):
         assert spec.graph.constants, "the small constant input should be baked into the kernel"
     if case in ("rnn_weights", "grid_sample_weight"):
         assert weights, "the large constant should be a weight input"

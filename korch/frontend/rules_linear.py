@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.prims import Prim
@@ -139,6 +141,45 @@ def conv_transpose(ctx: Lowering, n: OnnxNode) -> list[str]:
         output_padding=out_pad,
     )
     return [add_bias(ctx, y, bias)]
+
+
+@fission("Col2Im", 18)
+def col2im(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Blocks [N, C * prod(block), L] summed back into images [N, C, *image]: a transposed
+    convolution, one group per channel, whose weight puts each block offset's channel at that
+    offset (overlapping blocks add up, as Col2Im's do)."""
+    x = n.inputs[0]
+    if ctx.const_value(n.inputs[1]) is None or ctx.const_value(n.inputs[2]) is None:
+        ctx.unsupported("Col2Im with shapes known only at run time")
+    image, block = ctx.ints(n.inputs[1], "Col2Im image_shape"), ctx.ints(n.inputs[2], "Col2Im block_shape")
+    nd = len(image)
+    strides = list(n.attr("strides", [1] * nd))
+    dilations = list(n.attr("dilations", [1] * nd))
+    pads = list(n.attr("pads", [0] * (2 * nd)))
+    batch, rows, length = ctx.shape(x)
+    taps = math.prod(block)
+    positions = [
+        (image[i] + pads[i] + pads[nd + i] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1
+        for i in range(nd)
+    ]
+    if rows % taps or math.prod(positions) != length:
+        raise KorchError(f"Col2Im input {[batch, rows, length]} does not fit image {image} and block {block}")
+    channels = rows // taps
+    weight = np.zeros((rows, 1, *block), ctx.dtype(x))
+    for c in range(channels):
+        for k, offset in enumerate(np.ndindex(*block)):
+            weight[(c * taps + k, 0, *offset)] = 1
+    y = ctx.emit(
+        Prim.CONV_TRANSPOSE,
+        ctx.reshape(x, (batch, rows, *positions)),
+        ctx.const(weight),
+        strides=strides,
+        pads=pads,
+        dilations=dilations,
+        group=channels,
+        output_padding=[0] * nd,
+    )
+    return [y]
 
 
 # --------------------------------------------------------------------- einsum
