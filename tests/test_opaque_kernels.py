@@ -70,17 +70,19 @@ def qlinear_matmul_scales():
     ), "QLinearMatMul"
 
 
-def grid_sample_weight():
-    """A volumetric GridSample (its rule takes 2-d images) with a constant grid large enough to be
-    a weight, then a fusible op."""
+def deform_conv_weight():
+    """A DeformConv (no fission rule) with constant weights and offsets large enough to be
+    weights, then a fusible op."""
     nodes = [
-        helper.make_node("GridSample", ["x", "grid"], ["s"], mode="linear"),
+        helper.make_node("DeformConv", ["x", "w", "offset"], ["s"], kernel_shape=[3, 3]),
         helper.make_node("Tanh", ["s"], ["y"]),
     ]
-    grid = np.random.default_rng(0).uniform(-1, 1, (1, 3, 3, 3, 3)).astype("float32")
-    return _model(
-        nodes, [("x", F, [1, 2, 4, 4, 4])], [("y", F, [1, 2, 3, 3, 3])], [("grid", grid)], 22
-    ), "GridSample"
+    rng = np.random.default_rng(0)
+    inits = [
+        ("w", rng.standard_normal((4, 2, 3, 3)).astype("float32")),
+        ("offset", rng.uniform(-1, 1, (1, 18, 3, 3)).astype("float32")),
+    ]
+    return _model(nodes, [("x", F, [1, 2, 5, 5])], [("y", F, [1, 4, 3, 3])], inits, 19), "DeformConv"
 
 
 def rnn_last_state_only():
@@ -97,7 +99,7 @@ def rnn_last_state_only():
 MODELS = {
     "rnn_weights": rnn_weights,
     "qlinear_matmul_scales": qlinear_matmul_scales,
-    "grid_sample_weight": grid_sample_weight,
+    "deform_conv_weight": deform_conv_weight,
     "rnn_last_state_only": rnn_last_state_only,
 }
 
@@ -121,7 +123,7 @@ def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
     assert spec.graph.nodes[0].a["op_type"] == op
     if case in ("rnn_weights", "qlinear_matmul_scales"):
         assert spec.graph.constants, "the small constant input should be baked into the kernel"
-    if case in ("rnn_weights", "grid_sample_weight"):
+    if case in ("rnn_weights", "deform_conv_weight"):
         assert weights, "the large constant should be a weight input"
     want = reference.run(spec.graph, dict(zip(spec.graph.inputs, inputs)))
     backend = OnnxRuntimeBackend()

@@ -272,6 +272,16 @@ OPS = [
         (X, rand(2, 4, 5, 2) * 1.5),
     ),
     (
+        "grid_sample_3d",
+        lambda v, g: [
+            F.grid_sample(v, g, mode=m, padding_mode=p, align_corners=a)
+            for m in ("bilinear", "nearest")
+            for p in ("zeros", "border", "reflection")
+            for a in (False, True)
+        ],
+        (rand(2, 3, 4, 5, 6), rand(2, 3, 4, 2, 3) * 1.5),
+    ),
+    (
         "math_library",
         lambda x: (
             torch.tan(x),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -431,64 +432,73 @@ GRID_PADDINGS = ("zeros", "border", "reflection")
 
 
 def grid_sample_core(ctx: Lowering, x: str, grid: str, mode: str, padding: str, align_corners: bool) -> str:
-    """x [N, C, H, W] read at grid [N, Ho, Wo, 2] ((x, y) in [-1, 1]) -> [N, C, Ho, Wo]: the
-    neighbouring pixels' rows of x viewed as [N * H * W, C] are gathered (zero outside x with
-    zeros padding) and weighted, bilinearly, bicubically (a = -0.75, torch's and ONNX Runtime's)
-    or nearest (half to even, as torch and ONNX Runtime)."""
-    n, c, h, w = ctx.shape(x)
-    _, ho, wo, _ = ctx.shape(grid)
-    raw = []
-    for axis, size in ((0, w), (1, h)):  # the grid holds x first
-        g = ctx.reshape(ctx.slice_axis(grid, 3, axis, 1), (n, ho, wo))
-        raw.append(_unnormalize(ctx, g, size, align_corners))
-    ix, iy = (_pad_coords(ctx, v, size, padding, align_corners) for v, size in zip(raw, (w, h)))
-    rows = ctx.reshape(ctx.transpose(x, (0, 2, 3, 1)), (n * h * w, c))
-    base = ctx.const((np.arange(n, dtype="int64") * h * w).reshape(n, 1, 1))
+    """x [N, C, (D,) H, W] read at grid [N, (Do,) Ho, Wo, nd] ((x, y, z) in [-1, 1]) -> [N, C,
+    (Do,) Ho, Wo]: the neighbouring pixels' rows of x viewed as [N * (D *) H * W, C] are gathered
+    (zero outside x with zeros padding) and weighted: (bi/tri)linearly, bicubically (2-d; a =
+    -0.75, torch's and ONNX Runtime's) or nearest (half to even, as torch and ONNX Runtime)."""
+    n, c, *spatial = ctx.shape(x)
+    out = ctx.shape(grid)[1:-1]
+    nd = len(spatial)
+    raw = []  # unnormalized coordinates in x's axis order (the grid holds x first, then y, z)
+    for k in reversed(range(nd)):
+        g = ctx.reshape(ctx.slice_axis(grid, nd + 1, k, 1), (n, *out))
+        raw.append(_unnormalize(ctx, g, spatial[nd - 1 - k], align_corners))
+    padded = [_pad_coords(ctx, v, size, padding, align_corners) for v, size in zip(raw, spatial)]
+    rows = ctx.reshape(ctx.transpose(x, (0, *range(2, nd + 2), 1)), (n * math.prod(spatial), c))
+    base = ctx.const((np.arange(n, dtype="int64") * math.prod(spatial)).reshape(n, *[1] * nd))
+    strides = [math.prod(spatial[i + 1 :]) for i in range(nd)]
 
-    def tap(yi: str, xi: str, weight: str | None) -> str:
-        """The pixel at integral coordinates (yi, xi), times weight, and zero outside x."""
-        inside = None
-        for v, size in ((xi, w), (yi, h)):
+    def tap(coords: list[str], weight: str | None) -> str:
+        """The pixel at integral coordinates (one per axis), times weight, and zero outside x."""
+        inside, flat = None, base
+        for v, size, stride in zip(coords, spatial, strides):
             ok = ctx.elementwise(
                 Prim.AND,
                 ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, v, ctx.scalar(0, ctx.dtype(v)))),
                 ctx.elementwise(Prim.LT, v, ctx.scalar(size, ctx.dtype(v))),
             )
             inside = ok if inside is None else ctx.elementwise(Prim.AND, inside, ok)
-        idx = [ctx.cast(_clip(ctx, v, 0, size - 1), "int64") for v, size in ((yi, h), (xi, w))]
-        flat = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, idx[0], ctx.scalar(w, "int64")), idx[1])
-        picked = ctx.emit(Prim.GATHER, rows, ctx.elementwise(Prim.ADD, flat, base), axis=0)  # [N, Ho, Wo, C]
+            index = ctx.cast(_clip(ctx, v, 0, size - 1), "int64")
+            flat = ctx.elementwise(
+                Prim.ADD, flat, ctx.elementwise(Prim.MUL, index, ctx.scalar(stride, "int64"))
+            )
+        picked = ctx.emit(Prim.GATHER, rows, flat, axis=0)  # [N, *out, C]
         scale = ctx.cast(inside, ctx.dtype(x))
         if weight is not None:
             scale = ctx.elementwise(Prim.MUL, scale, weight)
-        return ctx.elementwise(Prim.MUL, picked, ctx.reshape(scale, (n, ho, wo, 1)))
+        return ctx.elementwise(Prim.MUL, picked, ctx.reshape(scale, (n, *out, 1)))
+
+    def combine(taps) -> str:
+        """The sum of tap(coords, weight) over (coords, per-axis weights) pairs."""
+        total = None
+        for coords, weights in taps:
+            term = tap(list(coords), functools.reduce(lambda p, q: ctx.elementwise(Prim.MUL, p, q), weights))
+            total = term if total is None else ctx.elementwise(Prim.ADD, total, term)
+        return total
 
     if mode == "nearest":
-        out = tap(ctx.unary(Prim.ROUND, iy), ctx.unary(Prim.ROUND, ix), None)
-    elif mode == "cubic":  # (16 taps around the unpadded coordinates, each tap's own padded)
-        out = None
+        y = tap([ctx.unary(Prim.ROUND, v) for v in padded], None)
+    elif mode == "cubic":  # (4 taps an axis around the unpadded coordinates, each tap padded on its own)
         corner = [ctx.unary(Prim.FLOOR, v) for v in raw]
-        weights = [_cubic_weights(ctx, ctx.elementwise(Prim.SUB, v, v0)) for v, v0 in zip(raw, corner)]
-        for dy, wy in zip(range(-1, 3), weights[1]):
-            yi = ctx.elementwise(Prim.ADD, corner[1], ctx.scalar(dy, ctx.dtype(iy)))
-            yi = _pad_coords(ctx, yi, h, padding, align_corners)
-            for dx, wx in zip(range(-1, 3), weights[0]):
-                xi = ctx.elementwise(Prim.ADD, corner[0], ctx.scalar(dx, ctx.dtype(ix)))
-                xi = _pad_coords(ctx, xi, w, padding, align_corners)
-                term = tap(yi, xi, ctx.elementwise(Prim.MUL, wy, wx))
-                out = term if out is None else ctx.elementwise(Prim.ADD, out, term)
+        per_axis = []
+        for v, v0, size in zip(raw, corner, spatial):
+            weights = _cubic_weights(ctx, ctx.elementwise(Prim.SUB, v, v0))
+            shifted = [ctx.elementwise(Prim.ADD, v0, ctx.scalar(d, ctx.dtype(v0))) for d in range(-1, 3)]
+            per_axis.append(
+                [(_pad_coords(ctx, t, size, padding, align_corners), w) for t, w in zip(shifted, weights)]
+            )
+        y = combine(zip(*pair) for pair in itertools.product(*per_axis))
     else:
-        x0, y0 = ctx.unary(Prim.FLOOR, ix), ctx.unary(Prim.FLOOR, iy)
-        one = ctx.scalar(1, ctx.dtype(ix))
-        x1, y1 = ctx.elementwise(Prim.ADD, x0, one), ctx.elementwise(Prim.ADD, y0, one)
-        wx1, wy1 = ctx.elementwise(Prim.SUB, ix, x0), ctx.elementwise(Prim.SUB, iy, y0)
-        wx0, wy0 = ctx.elementwise(Prim.SUB, one, wx1), ctx.elementwise(Prim.SUB, one, wy1)
-        out = None
-        for yi, wy in ((y0, wy0), (y1, wy1)):
-            for xi, wx in ((x0, wx0), (x1, wx1)):
-                term = tap(yi, xi, ctx.elementwise(Prim.MUL, wy, wx))
-                out = term if out is None else ctx.elementwise(Prim.ADD, out, term)
-    return ctx.transpose(out, (0, 3, 1, 2))
+        one = ctx.scalar(1, ctx.dtype(padded[0]))
+        per_axis = []
+        for v in padded:
+            v0 = ctx.unary(Prim.FLOOR, v)
+            f = ctx.elementwise(Prim.SUB, v, v0)
+            per_axis.append(
+                [(v0, ctx.elementwise(Prim.SUB, one, f)), (ctx.elementwise(Prim.ADD, v0, one), f)]
+            )
+        y = combine(zip(*pair) for pair in itertools.product(*per_axis))
+    return ctx.transpose(y, (0, nd + 1, *range(1, nd + 1)))
 
 
 def _clip(ctx: Lowering, v: str, low: float, high: float) -> str:
@@ -567,6 +577,11 @@ def grid_sample(ctx: Lowering, n: OnnxNode) -> list[str]:
     }
     mode = modes.get(n.attr("mode", "bilinear"))
     padding = n.attr("padding_mode", "zeros")
-    if mode is None or padding not in GRID_PADDINGS or ctx.rank(x) != 4:
+    if (
+        mode is None
+        or padding not in GRID_PADDINGS
+        or ctx.rank(x) not in (4, 5)
+        or (mode == "cubic" and ctx.rank(x) == 5)
+    ):
         ctx.unsupported(f"GridSample {n.attr('mode', 'bilinear')} over rank {ctx.rank(x)}, {padding} padding")
     return [grid_sample_core(ctx, x, grid, mode, padding, bool(n.attr("align_corners", 0)))]

@@ -586,9 +586,9 @@ def upsample_antialiased(ctx: Lowering, n: AtenNode) -> str:
     return resample(ctx, x, n.out.shape, _resize_scales(n, x, ctx), how)
 
 
-@aten("aten.grid_sampler_2d.default")
-def grid_sampler_2d(ctx: Lowering, n: AtenNode) -> str:
-    """F.grid_sample: modes 0 (bilinear), 1 (nearest) and 2 (bicubic)."""
+@aten("aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default")
+def grid_sampler(ctx: Lowering, n: AtenNode) -> str:
+    """F.grid_sample over 2-d or 3-d images: modes 0 (bilinear), 1 (nearest) and 2 (bicubic, 2-d)."""
     mode = {0: "linear", 1: "nearest", 2: "cubic"}[n["interpolation_mode"]]
     padding = GRID_PADDINGS[n["padding_mode"]]
     return grid_sample_core(ctx, n["input"], n["grid"], mode, padding, bool(n["align_corners"]))
