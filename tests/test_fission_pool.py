@@ -76,6 +76,34 @@ def test_grid_sample_bicubic(padding, align_corners):
 
 
 @pytest.mark.parametrize(
+    "attrs,offset_groups,mask,bias",
+    [
+        ({}, 1, False, False),
+        ({"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]}, 1, True, True),
+        ({"group": 2}, 2, True, False),
+    ],
+)
+def test_deform_conv(attrs, offset_groups, mask, bias):
+    """Offsets that move taps past the image (read as zero), masks and biases, groups of channels
+    and of offsets, against ONNX Runtime."""
+    from helpers import check_model, one_node_model
+
+    rng = np.random.default_rng(4)
+    x, w = rand(2, 4, 7, 6), rand(6, 4 // attrs.get("group", 1), 3, 2, seed=1)
+    s, p, d = attrs.get("strides", [1, 1]), attrs.get("pads", [0] * 4), attrs.get("dilations", [1, 1])
+    oh, ow = [
+        (size + p[i] + p[i + 2] - d[i] * (k - 1) - 1) // s[i] + 1
+        for i, (size, k) in enumerate([(7, 3), (6, 2)])
+    ]
+    offset = rng.uniform(-2.5, 2.5, (2, offset_groups * 2 * 6, oh, ow)).astype("float32")
+    inputs = [x, Const(w), offset, Const(rand(6, seed=2)) if bias else None]
+    if mask:
+        inputs.append(rng.uniform(0, 1, (2, offset_groups * 6, oh, ow)).astype("float32"))
+    attrs = {"kernel_shape": [3, 2], "offset_group": offset_groups, **attrs}
+    check_model(*one_node_model("DeformConv", inputs, attrs, 19))
+
+
+@pytest.mark.parametrize(
     "mode,ctm,nearest",
     [
         ("nearest", "asymmetric", "floor"),

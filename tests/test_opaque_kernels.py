@@ -70,19 +70,26 @@ def qlinear_matmul_scales():
     ), "QLinearMatMul"
 
 
-def deform_conv_weight():
-    """A DeformConv (no fission rule) with constant weights and offsets large enough to be
-    weights, then a fusible op."""
+def qlinear_conv_weight():
+    """A QLinearConv (no fission rule) with constant weights large enough to be a weight input
+    (integers up to candidates.INDEX_CONSTANT elements are baked in), then fusible ops."""
     nodes = [
-        helper.make_node("DeformConv", ["x", "w", "offset"], ["s"], kernel_shape=[3, 3]),
-        helper.make_node("Tanh", ["s"], ["y"]),
+        helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["q"]),
+        helper.make_node("Cast", ["q"], ["f"], to=F),
+        helper.make_node("Tanh", ["f"], ["y"]),
     ]
-    rng = np.random.default_rng(0)
     inits = [
-        ("w", rng.standard_normal((4, 2, 3, 3)).astype("float32")),
-        ("offset", rng.uniform(-1, 1, (1, 18, 3, 3)).astype("float32")),
+        ("xs", np.float32(0.05)),
+        ("xz", np.uint8(120)),
+        ("w", np.random.default_rng(0).integers(0, 255, (32, 16, 3, 3)).astype("uint8")),
+        ("ws", np.float32(0.02)),
+        ("wz", np.uint8(128)),
+        ("ys", np.float32(0.3)),
+        ("yz", np.uint8(100)),
     ]
-    return _model(nodes, [("x", F, [1, 2, 5, 5])], [("y", F, [1, 4, 3, 3])], inits, 19), "DeformConv"
+    return _model(
+        nodes, [("x", TensorProto.UINT8, [1, 16, 5, 5])], [("y", F, [1, 32, 3, 3])], inits, 13
+    ), "QLinearConv"
 
 
 def rnn_last_state_only():
@@ -99,7 +106,7 @@ def rnn_last_state_only():
 MODELS = {
     "rnn_weights": rnn_weights,
     "qlinear_matmul_scales": qlinear_matmul_scales,
-    "deform_conv_weight": deform_conv_weight,
+    "qlinear_conv_weight": qlinear_conv_weight,
     "rnn_last_state_only": rnn_last_state_only,
 }
 
@@ -123,7 +130,7 @@ def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
     assert spec.graph.nodes[0].a["op_type"] == op
     if case in ("rnn_weights", "qlinear_matmul_scales"):
         assert spec.graph.constants, "the small constant input should be baked into the kernel"
-    if case in ("rnn_weights", "deform_conv_weight"):
+    if case in ("rnn_weights", "qlinear_conv_weight"):
         assert weights, "the large constant should be a weight input"
     want = reference.run(spec.graph, dict(zip(spec.graph.inputs, inputs)))
     backend = OnnxRuntimeBackend()

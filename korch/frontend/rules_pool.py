@@ -12,7 +12,7 @@ import numpy as np
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.frontend.rules_elementwise import clip_core
-from korch.frontend.rules_linear import spatial_attrs
+from korch.frontend.rules_linear import add_bias, spatial_attrs
 from korch.prims import FLOAT_DTYPES, Prim, is_float
 
 # ---------------------------------------------------------------------- pools
@@ -443,9 +443,19 @@ def grid_sample_core(ctx: Lowering, x: str, grid: str, mode: str, padding: str, 
     for k in reversed(range(nd)):
         g = ctx.reshape(ctx.slice_axis(grid, nd + 1, k, 1), (n, *out))
         raw.append(_unnormalize(ctx, g, spatial[nd - 1 - k], align_corners))
+    y = sample_pixels(ctx, x, raw, mode, padding, align_corners)
+    return ctx.transpose(y, (0, nd + 1, *range(1, nd + 1)))
+
+
+def sample_pixels(ctx: Lowering, x: str, raw: list[str], mode: str, padding: str, align_corners: bool) -> str:
+    """x [N, C, *spatial] read at pixel coordinates `raw` (one [N, *out] tensor per spatial axis,
+    unpadded) -> [N, *out, C]."""
+    n, c, *spatial = ctx.shape(x)
+    out = ctx.shape(raw[0])[1:]
+    nd = len(spatial)
     padded = [_pad_coords(ctx, v, size, padding, align_corners) for v, size in zip(raw, spatial)]
     rows = ctx.reshape(ctx.transpose(x, (0, *range(2, nd + 2), 1)), (n * math.prod(spatial), c))
-    base = ctx.const((np.arange(n, dtype="int64") * math.prod(spatial)).reshape(n, *[1] * nd))
+    base = ctx.const((np.arange(n, dtype="int64") * math.prod(spatial)).reshape(n, *[1] * len(out)))
     strides = [math.prod(spatial[i + 1 :]) for i in range(nd)]
 
     def tap(coords: list[str], weight: str | None) -> str:
@@ -498,7 +508,7 @@ def grid_sample_core(ctx: Lowering, x: str, grid: str, mode: str, padding: str, 
                 [(v0, ctx.elementwise(Prim.SUB, one, f)), (ctx.elementwise(Prim.ADD, v0, one), f)]
             )
         y = combine(zip(*pair) for pair in itertools.product(*per_axis))
-    return ctx.transpose(y, (0, nd + 1, *range(1, nd + 1)))
+    return y
 
 
 def _clip(ctx: Lowering, v: str, low: float, high: float) -> str:
@@ -563,6 +573,58 @@ def _reflect(ctx: Lowering, v: str, low: float, high: float) -> str:
     forward = ctx.elementwise(Prim.ADD, extra, ctx.scalar(low, dtype))
     backward = ctx.elementwise(Prim.SUB, ctx.scalar(high, dtype), extra)
     return ctx.elementwise(Prim.WHERE, even, forward, backward)
+
+
+@fission("DeformConv", 19)
+def deform_conv(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """A convolution whose every tap reads x at its place moved by a learned offset (bilinear,
+    zero outside x), optionally scaled by a mask: the taps sampled per offset group
+    (sample_pixels), then a grouped matmul with the weights over channels and taps."""
+    x, w, offset = n.inputs[:3]
+    bias, mask = n.input(3), n.input(4)
+    if ctx.rank(x) != 4:
+        ctx.unsupported(f"DeformConv over rank {ctx.rank(x)}")
+    batch, channels, _, _ = ctx.shape(x)
+    out_channels, group_channels, kh, kw = ctx.shape(w)
+    if list(n.attr("kernel_shape", [kh, kw])) != [kh, kw]:
+        raise KorchError(f"DeformConv kernel_shape {n.attr('kernel_shape')} is not its weight's {[kh, kw]}")
+    taps = kh * kw
+    strides, pads, dilations = spatial_attrs(n, ctx.shape(x)[2:], (kh, kw))
+    groups, offset_groups = n.attr("group", 1), n.attr("offset_group", 1)
+    oh, ow = ctx.shape(offset)[2:]
+    rows, cols = np.divmod(np.arange(taps), kw)  # each tap's place in the kernel
+    base = [  # [1, taps, oh, ow] each: where a tap reads before its offset
+        (np.arange(oh) * strides[0] - pads[0]).reshape(1, 1, oh, 1)
+        + (rows * dilations[0]).reshape(1, taps, 1, 1),
+        (np.arange(ow) * strides[1] - pads[1]).reshape(1, 1, 1, ow)
+        + (cols * dilations[1]).reshape(1, taps, 1, 1),
+    ]
+    dtype = ctx.dtype(x)
+    moves = ctx.reshape(offset, (batch, offset_groups, taps, 2, oh, ow))
+    per_group = channels // offset_groups
+    samples = []
+    for g in range(offset_groups):
+        coords = []
+        for axis in (0, 1):  # (y, then x: ONNX's offsets interleave them per tap)
+            move = ctx.reshape(
+                ctx.slice_axis(ctx.slice_axis(moves, 1, g, 1), 3, axis, 1), (batch, taps, oh, ow)
+            )
+            place = np.broadcast_to(base[axis], (1, taps, oh, ow)).astype(dtype)
+            coords.append(ctx.elementwise(Prim.ADD, move, ctx.const(place)))
+        picked = sample_pixels(
+            ctx, ctx.slice_axis(x, 1, g * per_group, per_group), coords, "linear", "zeros", True
+        )
+        if mask is not None:  # [batch, taps, oh, ow, per_group]
+            scale = ctx.slice_axis(ctx.reshape(mask, (batch, offset_groups, taps, oh, ow)), 1, g, 1)
+            picked = ctx.elementwise(Prim.MUL, picked, ctx.reshape(scale, (batch, taps, oh, ow, 1)))
+        samples.append(picked)
+    columns = samples[0] if len(samples) == 1 else ctx.concat(samples, 4)  # [batch, taps, oh, ow, channels]
+    columns = ctx.reshape(
+        ctx.transpose(columns, (0, 4, 1, 2, 3)), (batch, groups, group_channels * taps, oh * ow)
+    )
+    weights = ctx.reshape(w, (groups, out_channels // groups, group_channels * taps))
+    y = ctx.reshape(ctx.emit(Prim.MATMUL, weights, columns), (batch, out_channels, oh, ow))
+    return [add_bias(ctx, y, bias)]
 
 
 @fission("GridSample", 16, 20)
