@@ -467,7 +467,7 @@ def test_slices_tiling_an_axis_are_written_as_one_split():
 
 @pytest.mark.parametrize("varies_along_rows", [False, True])
 def test_a_lerp_whose_weights_vary_along_another_axis_is_no_resize(varies_along_rows):
-    from korch.frontend.rules_pool import linear_taps, source_coords
+    from korch.frontend.rules_resize import linear_taps, source_coords
 
     lo, hi, w = linear_taps(source_coords("half_pixel", 8, 4, 2.0), 4, "float32")
     weights = np.broadcast_to(w, (1, 2, 4, 8)).copy()

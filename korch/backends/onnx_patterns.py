@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from korch.frontend.rules_pool import COORDINATE_MODES, linear_taps, source_coords
+from korch.frontend.rules_resize import COORDINATE_MODES, linear_taps, source_coords
 from korch.ir import Graph, Node
 from korch.prims import Prim, is_float, repeat_factor
 

@@ -3,11 +3,13 @@
 from korch.frontend import (  # noqa: F401  (imported for their registrations)
     rules_attention,
     rules_elementwise,
+    rules_grid,
     rules_layout,
     rules_linear,
     rules_pool,
     rules_recurrent,
     rules_reduce,
+    rules_resize,
     rules_scatter,
     rules_signal,
 )

@@ -8,17 +8,11 @@ from korch.errors import KorchError
 from korch.frontend.aten_lowering import AtenNode, aten, operand, torch_dtype_name, vector
 from korch.frontend.lowering import Lowering, normalize_axes
 from korch.frontend.rules_attention import allowed_bias, attend, band_bias, repeat_heads
+from korch.frontend.rules_grid import GRID_PADDINGS, grid_sample_core
 from korch.frontend.rules_layout import gather_elements_core, slice_bounds, tile_core
 from korch.frontend.rules_linear import add_bias, matmul
-from korch.frontend.rules_pool import (
-    GRID_PADDINGS,
-    Sampling,
-    avg_pool_core,
-    grid_sample_core,
-    max_pool_core,
-    max_pool_indices,
-    resample,
-)
+from korch.frontend.rules_pool import avg_pool_core, max_pool_core, max_pool_indices
+from korch.frontend.rules_resize import Sampling, resample
 from korch.prims import Prim, is_float
 
 # ------------------------------------------------------------------ reshaping
