@@ -54,6 +54,7 @@ class _Cell:
         self.r_t = ctx.transpose(_direction(ctx, n.inputs[2], d), (1, 0))  # [H, G*H]
         bias = n.input(3)
         self.rb = None if bias is None else ctx.slice_axis(_direction(ctx, bias, d), 0, width, width)
+        self.coupled = self.op == "LSTM" and bool(n.attr("input_forget", 0))  # (forget gate = 1 - input gate)
         peepholes = n.input(7) if self.op == "LSTM" else None
         self.peep = None if peepholes is None else _direction(ctx, peepholes, d)
         self.before_reset = n.attr("linear_before_reset", 0) if self.op == "GRU" else 0
@@ -105,7 +106,9 @@ class _Cell:
         if self.peep is not None:
             pre[0] = add(pre[0], mul(c, self.part(self.peep, 0)))
             pre[2] = add(pre[2], mul(c, self.part(self.peep, 2)))
-        c = add(mul(self.act(0, pre[2]), c), mul(self.act(0, pre[0]), self.act(1, pre[3])))
+        i = self.act(0, pre[0])
+        f = ctx.elementwise(Prim.SUB, ctx.scalar(1, ctx.dtype(i)), i) if self.coupled else self.act(0, pre[2])
+        c = add(mul(f, c), mul(i, self.act(1, pre[3])))
         if self.peep is not None:
             pre[1] = add(pre[1], mul(c, self.part(self.peep, 1)))
         return mul(self.act(0, pre[1]), self.act(2, c, gate=False)), c
@@ -178,8 +181,6 @@ def recurrent(ctx: Lowering, n: OnnxNode) -> list[str]:
     directions = 2 if direction == "bidirectional" else 1
     hidden = ctx.shape(w)[1] // _GATES[n.op_type]
     n.attr("hidden_size", hidden)
-    if n.op_type == "LSTM" and n.attr("input_forget", 0):
-        ctx.unsupported("LSTM with input_forget")
     lengths = n.input(4)  # (per batch entry: past it the state holds and the output is zero)
     known = ctx.const_value(lengths)
     if lengths is not None and known is not None and (known == seq).all():
