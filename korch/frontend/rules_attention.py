@@ -238,3 +238,70 @@ def rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
     if ctx.rank(x) == 3:
         return [ctx.reshape(out, ctx.shape(x))]
     return [ctx.transpose(out, (0, 2, 1, 3))]
+
+
+@fission("LinearAttention", 27)
+def linear_attention(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Attention with a recurrent state S [B, H_kv, d_k, d_v] instead of a softmax, unrolled over
+    the (static) sequence: per step S decays by exp(decay) (gated rules), the value is corrected by
+    what S already recalls for the key, times beta (delta rules), S gains key (x) value, and the
+    query reads scale * q S (each key/value head serving q_num_heads / kv_num_heads query heads).
+    Computed in float32; the output and the present state in the inputs' dtypes."""
+    query, key, value = n.inputs[:3]
+    past, decay, beta = n.input(3), n.input(4), n.input(5)
+    rule = n.attr("update_rule", "gated_delta")
+    heads, kv_heads = n.attr("q_num_heads"), n.attr("kv_num_heads")
+    n.attr("chunk_size", 0)  # (a tuning hint: no effect on the result)
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if rule not in ("linear", "gated", "delta", "gated_delta") or gating != (decay is not None):
+        ctx.unsupported(f"LinearAttention update_rule {rule} with{'out' * (decay is None)} decay")
+    if delta != (beta is not None) or heads % kv_heads:
+        raise KorchError(f"LinearAttention {rule}: beta given {beta is not None}, heads {heads}/{kv_heads}")
+    b, t, _ = ctx.shape(query)
+    dk, dv = ctx.shape(query)[2] // heads, ctx.shape(value)[2] // kv_heads
+    scale = n.attr("scale", 0.0) or 1 / math.sqrt(dk)
+
+    def steps(v: str, count: int) -> list[str]:
+        """v [B, T, count * width] as T tensors [B, count, width] (float32)."""
+        width = ctx.shape(v)[2] // count
+        v = ctx.transpose(ctx.reshape(ctx.cast(v, "float32"), (b, t, count, width)), (0, 2, 1, 3))
+        return [ctx.reshape(ctx.slice_axis(v, 2, i, 1), (b, count, width)) for i in range(t)]
+
+    qs, ks, vs = steps(query, heads), steps(key, kv_heads), steps(value, kv_heads)
+    if gating and ctx.shape(decay)[2] not in (kv_heads, kv_heads * dk):
+        raise KorchError(
+            f"LinearAttention decay {list(ctx.shape(decay))}: a value per head or per key dimension"
+        )
+    if delta and ctx.shape(beta)[2] not in (kv_heads, 1):
+        raise KorchError(f"LinearAttention beta {list(ctx.shape(beta))}: a value per head or one")
+    decays = steps(decay, kv_heads) if gating else None
+    betas = steps(beta, ctx.shape(beta)[2]) if delta else None
+    shape = (b, kv_heads, dk, dv)
+    state = ctx.cast(past, "float32") if past is not None else ctx.const(np.zeros(shape, "float32"))
+    outs = []
+    for i in range(t):
+        k, v = ks[i], vs[i]
+        if gating:  # (a decay per head [B, H_kv, 1] or per key dimension [B, H_kv, d_k])
+            g = ctx.unary(Prim.EXP, decays[i])
+            state = ctx.elementwise(Prim.MUL, state, ctx.reshape(g, (*ctx.shape(g), 1)))
+        if delta:
+            recalled = ctx.reshape(
+                matmul(ctx, ctx.reshape(k, (b, kv_heads, 1, dk)), state), (b, kv_heads, dv)
+            )
+            v = ctx.elementwise(Prim.MUL, betas[i], ctx.elementwise(Prim.SUB, v, recalled))
+        outer = ctx.elementwise(
+            Prim.MUL, ctx.reshape(k, (b, kv_heads, dk, 1)), ctx.reshape(v, (b, kv_heads, 1, dv))
+        )
+        state = ctx.elementwise(Prim.ADD, state, outer)
+        read = state
+        if heads != kv_heads:  # (each key/value head repeated for its group of query heads)
+            grouped = ctx.broadcast_to(
+                ctx.reshape(state, (b, kv_heads, 1, dk, dv)), (b, kv_heads, heads // kv_heads, dk, dv)
+            )
+            read = ctx.reshape(grouped, (b, heads, dk, dv))
+        o = matmul(ctx, ctx.reshape(qs[i], (b, heads, 1, dk)), read)  # [B, H, 1, d_v]
+        outs.append(ctx.elementwise(Prim.MUL, o, ctx.scalar(scale, "float32")))
+    y = ctx.concat(outs, 2) if t > 1 else outs[0]  # [B, H, T, d_v]
+    y = ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, t, heads * dv))
+    present_dtype = ctx.dtype(past) if past is not None else ctx.dtype(query)
+    return [ctx.cast(y, ctx.dtype(query)), ctx.cast(state, present_dtype)]

@@ -143,6 +143,28 @@ def conv_transpose(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [add_bias(ctx, y, bias)]
 
 
+@fission("CausalConvWithState", 27)
+def causal_conv_with_state(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """A depthwise convolution over time that sees only the past: the input [B, C, L] after the
+    past state [B, C, k - 1] (zeros if none), an optional bias and SiLU; the present state is the
+    last k - 1 steps of that concatenation (a decode step's cache)."""
+    x, w = n.inputs[:2]
+    bias, past = n.input(2), n.input(3)
+    batch, channels, length = ctx.shape(x)
+    k = ctx.shape(w)[2]
+    activation = n.attr("activation", "none")
+    if activation not in ("none", "silu", "swish"):
+        ctx.unsupported(f"CausalConvWithState activation {activation}")
+    if past is None:
+        past = ctx.const(np.zeros((batch, channels, k - 1), ctx.dtype(x)))
+    padded = ctx.concat([past, x], 2) if k > 1 else x
+    y = ctx.emit(Prim.CONV, padded, w, strides=[1], pads=[0, 0], dilations=[1], group=channels)
+    y = add_bias(ctx, y, bias)
+    if activation != "none":
+        y = ctx.elementwise(Prim.MUL, y, ctx.unary(Prim.SIGMOID, y))
+    return [y, ctx.slice_axis(padded, 2, length, k - 1)]
+
+
 @fission("Col2Im", 18)
 def col2im(ctx: Lowering, n: OnnxNode) -> list[str]:
     """Blocks [N, C * prod(block), L] summed back into images [N, C, *image]: a transposed
