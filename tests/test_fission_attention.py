@@ -3,7 +3,7 @@ split into primitives, against ONNX Runtime's own Attention kernel."""
 
 import numpy as np
 import pytest
-from helpers import check_op, one_node_model, rand
+from helpers import Const, check_op, one_node_model, rand
 
 import korch
 from korch import check
@@ -96,3 +96,35 @@ def test_sliding_window_attention():
     check_op(
         "Attention", [q, k, v, None, *past], {"is_causal": 1, "left_window_size": 3}, opset=25, n_outputs=3
     )
+
+
+@pytest.mark.parametrize(
+    "rule,heads,kv_heads,past",
+    [("linear", 2, 2, False), ("gated", 4, 2, True), ("delta", 2, 1, False), ("gated_delta", 4, 2, True)],
+)
+def test_linear_attention_against_onnxruntime(rule, heads, kv_heads, past):
+    """Opset 27's LinearAttention unrolled over 5 steps: each update rule, grouped key/value heads,
+    a past state; decays per key dimension, betas per head."""
+    rng = np.random.default_rng(0)
+    b, t, dk, dv = 2, 5, 4, 3
+    inputs = [
+        rand(b, t, heads * dk),
+        rand(b, t, kv_heads * dk, seed=1) * 0.5,
+        rand(b, t, kv_heads * dv, seed=2),
+    ]
+    inputs.append(rand(b, kv_heads, dk, dv, seed=3) if past else None)
+    inputs.append(-rng.uniform(0.05, 1, (b, t, kv_heads * dk)).astype("float32") if "gated" in rule else None)
+    inputs.append(rng.uniform(0, 1, (b, t, kv_heads)).astype("float32") if "delta" in rule else None)
+    attrs = {"update_rule": rule, "q_num_heads": heads, "kv_num_heads": kv_heads}
+    check_op("LinearAttention", inputs, attrs, opset=27, n_outputs=2)
+
+
+@pytest.mark.parametrize("past,activation", [(False, "none"), (True, "silu")])
+def test_causal_conv_with_state_against_onnxruntime(past, activation):
+    inputs = [
+        rand(2, 3, 6),
+        Const(rand(3, 1, 4, seed=1)),
+        Const(rand(3, seed=2)),
+        rand(2, 3, 3, seed=3) if past else None,
+    ]
+    check_op("CausalConvWithState", inputs, {"activation": activation}, opset=27, n_outputs=2)
