@@ -40,3 +40,14 @@ def test_stft_with_a_hann_window(onesided):
 @pytest.mark.parametrize("periodic", [0, 1])
 def test_window_functions_are_constants(op, periodic):
     check_op(op, [Const(np.array(10, "int64"))], {"periodic": periodic}, opset=17, out_dtypes=["float32"])
+
+
+@pytest.mark.parametrize(
+    "mels,length,rate,low,high", [(8, 16, 8192, 0.0, 4096.0), (20, 64, 16000, 80.0, 7600.0)]
+)
+def test_mel_weight_matrix_is_a_constant(mels, length, rate, low, high):
+    inputs = [
+        Const(np.array(v, dtype))
+        for v, dtype in zip((mels, length, rate, low, high), ["int64"] * 3 + ["float32"] * 2)
+    ]
+    check_op("MelWeightMatrix", inputs, {}, opset=17, out_dtypes=["float32"])

@@ -164,16 +164,17 @@ def _constant_inputs(model, ins: list[np.ndarray], keep: int):
         ("test_hammingwindow", 0, 4),
         ("test_blackmanwindow", 0, 4),
         ("test_col2im", 1, 5),
+        ("test_melweightmatrix", 0, 1),
     ],
 )
 def test_cases_with_their_shape_inputs_as_constants(prefix, keep, lowest):
-    """ONNX's Resize, CenterCropPad, AffineGrid, DFT, STFT, window and Col2Im cases feed roi, scales,
-    sizes, shapes, axes, lengths and steps as graph inputs (all inputs after the first `keep`),
-    which korch needs as constants (they fix the output's shape): made initializers,
-    every case korch lowers computes the expected outputs, or ONNX Runtime's where it differs from
-    them (Resize downsampling by a scale with align_corners: ONNX's reference divides by the
-    unrounded output size, ONNX Runtime by the output's). Resize: nearest, linear and cubic (with
-    cubic_coeff_a and exclude_outside), tf_crop_and_resize, keep_aspect_ratio_policy and
+    """ONNX's Resize, CenterCropPad, AffineGrid, DFT, STFT, window, Col2Im and MelWeightMatrix
+    cases feed roi, scales, sizes, shapes, axes, lengths and steps as graph inputs (all inputs
+    after the first `keep`), which korch needs as constants (they fix the output's shape): made
+    initializers, every case korch lowers computes the expected outputs, or ONNX Runtime's where it
+    differs from them (Resize downsampling by a scale with align_corners: ONNX's reference divides
+    by the unrounded output size, ONNX Runtime by the output's). Resize: nearest, linear and cubic
+    (with cubic_coeff_a and exclude_outside), tf_crop_and_resize, keep_aspect_ratio_policy and
     antialiased downsampling; the function-expanded forms of the others too."""
     lowered, wrong = [], []
     for name, model, ins, want in _cases():

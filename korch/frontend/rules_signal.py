@@ -123,3 +123,34 @@ def _window(formula):
 fission("HannWindow", 17)(_window(lambda a: 0.5 - 0.5 * np.cos(a)))
 fission("HammingWindow", 17)(_window(lambda a: 25 / 46 - 21 / 46 * np.cos(a)))
 fission("BlackmanWindow", 17)(_window(lambda a: 0.42 - 0.5 * np.cos(a) + 0.08 * np.cos(2 * a)))
+
+
+@fission("MelWeightMatrix", 17)
+def mel_weight_matrix(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """A constant [dft_length // 2 + 1, num_mel_bins]: triangular filters between mel-spaced
+    spectrogram bins (num_mel_bins + 2 points spaced 1 / (num_mel_bins + 2) of the mel range apart
+    from the lower edge, as ONNX defines them), each rising from its left point to its centre and
+    falling to its right one."""
+    values = []
+    for i, what in enumerate(
+        ("num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz", "upper_edge_hertz")
+    ):
+        if ctx.const_value(n.inputs[i]) is None:
+            ctx.unsupported(f"MelWeightMatrix {what} known only at run time")
+        values.append(ctx.const_value(n.inputs[i]).reshape(-1)[0].item())
+    mels, length, rate, low, high = values
+    to_mel = lambda hz: 2595 * np.log10(1 + hz / 700)  # noqa: E731
+    points = np.arange(mels + 2) * (to_mel(high) - to_mel(low)) / (mels + 2) + to_mel(low)
+    bins = (((length + 1) * (700 * (10 ** (points / 2595) - 1))) // rate).astype(int)
+    weights = np.zeros((length // 2 + 1, mels))
+    for i in range(mels):
+        left, centre, right = bins[i : i + 3]
+        j = np.arange(length // 2 + 1)
+        rising = (j - left) / (centre - left) if centre > left else (j == centre).astype(float)
+        falling = (right - j) / (right - centre) if right > centre else np.zeros_like(rising)
+        weights[:, i] = np.where((j >= left) & (j <= centre), rising, 0.0)
+        weights[:, i] = np.where((j >= centre) & (j < right), falling, weights[:, i])
+    dtype = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}.get(n.attr("output_datatype", 1))
+    if dtype is None:
+        ctx.unsupported(f"MelWeightMatrix output_datatype {n.attr('output_datatype', 1)}")
+    return [ctx.const(weights.astype(dtype))]
