@@ -404,9 +404,11 @@ def shrink(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 @fission("BitShift", 11)
 def bit_shift(ctx: Lowering, n: OnnxNode) -> list[str]:
-    """uint8 only (korch has no wider unsigned type): x * 2^y or x / 2^y in int32, wrapped back to
-    uint8; shifts of 8 or more give 0, as in ONNX Runtime."""
+    """uint8 (korch has no wider unsigned type): x * 2^y or x / 2^y in int32, wrapped back to
+    uint8; shifts of 8 or more give 0, as in ONNX Runtime. Signed types (opset 28): below."""
     x, y = n.inputs[0], n.inputs[1]
+    if ctx.dtype(x) in _SIGNED_BITS:
+        return [_signed_bit_shift(ctx, x, y, n.attr("direction") == "LEFT")]
     if ctx.dtype(x) != "uint8":
         ctx.unsupported(f"BitShift on {ctx.dtype(x)}")
     shift = ctx.cast(ctx.elementwise(Prim.MIN, y, ctx.scalar(8, "uint8")), "float32")
@@ -414,6 +416,35 @@ def bit_shift(ctx: Lowering, n: OnnxNode) -> list[str]:
     power = ctx.cast(ctx.unary(Prim.ROUND, power), "int32")  # 1 .. 256, exact even if pow is not
     op = Prim.MUL if n.attr("direction") == "LEFT" else Prim.DIV
     return [ctx.cast(ctx.elementwise(op, ctx.cast(x, "int32"), power), "uint8")]
+
+
+_SIGNED_BITS = {"int8": 8, "int16": 16, "int32": 32}
+
+
+def _signed_bit_shift(ctx: Lowering, x: str, y: str, left: bool) -> str:
+    """Opset 28's signed shifts, in int64: left, x * 2^y wrapped back to the type; right,
+    floor(x / 2^y) (arithmetic). A shift below 0 or of the width or more gives 0, or -1 for a
+    right shift of a negative x."""
+    dtype, bits = ctx.dtype(x), _SIGNED_BITS[ctx.dtype(x)]
+    x64, s = ctx.cast(x, "int64"), ctx.cast(y, "int64")
+    zero = ctx.scalar(0, "int64")
+    outside = ctx.elementwise(
+        Prim.OR,
+        ctx.elementwise(Prim.LT, s, zero),
+        ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, s, ctx.scalar(bits, "int64"))),
+    )
+    s = ctx.elementwise(Prim.WHERE, outside, zero, s)
+    power = ctx.elementwise(Prim.POW, ctx.scalar(2.0, "float32"), ctx.cast(s, "float32"))
+    power = ctx.cast(ctx.unary(Prim.ROUND, power), "int64")  # (2^0 .. 2^31: exact)
+    negative = ctx.elementwise(Prim.LT, x64, zero)
+    if left:
+        shifted = ctx.elementwise(Prim.MUL, x64, power)
+        fill = zero
+    else:  # (a truncating division of x - (2^y - 1) floors a negative x)
+        lowered = ctx.elementwise(Prim.SUB, x64, ctx.elementwise(Prim.SUB, power, ctx.scalar(1, "int64")))
+        shifted = ctx.elementwise(Prim.DIV, ctx.elementwise(Prim.WHERE, negative, lowered, x64), power)
+        fill = ctx.elementwise(Prim.WHERE, negative, ctx.scalar(-1, "int64"), zero)
+    return ctx.cast(ctx.elementwise(Prim.WHERE, outside, fill, shifted), dtype)
 
 
 # ------------------------------------------------ trigonometric and hyperbolic
