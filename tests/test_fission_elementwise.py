@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 from helpers import Const, check_op, rand
 
 BROADCASTS = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((2, 1, 4), (3, 1)), ((1,), (2, 3)), ((), (5,))]
@@ -228,6 +229,34 @@ def test_bit_shift_uint8(direction):
     y = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 31, 32, 33, 64, 255], dtype="uint8")
     check_op("BitShift", [x, y], {"direction": direction}, opset=11)
     check_op("BitShift", [x, Const(np.array(3, "uint8"))], {"direction": direction}, opset=11)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64"])
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_bit_shift_signed(dtype, direction):
+    """Opset 28's signed shifts against numpy's << and >> (ONNX Runtime has no opset 28): the
+    extremes of the type, negative and too-large shifts; in the reference and in torch."""
+    from helpers import one_node_model
+
+    import korch
+    from korch import reference
+    from korch.backends.torch_ops import graph_function
+
+    info, bits = np.iinfo(dtype), np.iinfo(dtype).bits
+    x = np.array([info.min, info.max, -1, 0, 1, -5, 5, 77, -77, info.min + 1] * 3, dtype)
+    y = np.array([0, 1, bits - 1, bits, bits + 1, -1, 3, 7, bits // 2, 2] * 3, dtype)
+    graph = korch.fission(one_node_model("BitShift", [x, y], {"direction": direction}, opset=28)[0]).graph
+    fine = (y >= 0) & (y < bits)
+    shift = np.where(fine, y, 0)
+    if direction == "LEFT":  # (bits moved past the sign bit are dropped)
+        want = np.where(fine, (x.astype("int64").view("uint64") << shift.astype("uint64")).view("int64"), 0)
+    else:
+        want = np.where(fine, x >> shift.astype(dtype), np.where(x < 0, -1, 0))
+    want = want.astype(dtype)
+    (got,) = reference.run(graph, dict(zip(graph.inputs, [x, y]))).values()
+    assert np.array_equal(got, want)
+    (torch_got,) = graph_function(graph)(torch.from_numpy(x), torch.from_numpy(y))
+    assert np.array_equal(torch_got.numpy(), want)
 
 
 # each function's inputs: inside its domain, near the places formulas lose accuracy, and huge

@@ -418,32 +418,35 @@ def bit_shift(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [ctx.cast(ctx.elementwise(op, ctx.cast(x, "int32"), power), "uint8")]
 
 
-_SIGNED_BITS = {"int8": 8, "int16": 16, "int32": 32}
+_SIGNED_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
 
 
 def _signed_bit_shift(ctx: Lowering, x: str, y: str, left: bool) -> str:
     """Opset 28's signed shifts, in int64: left, x * 2^y wrapped back to the type; right,
     floor(x / 2^y) (arithmetic). A shift below 0 or of the width or more gives 0, or -1 for a
-    right shift of a negative x."""
+    right shift of a negative x. int64's shifts go in two halves (2^63 is no int64)."""
     dtype, bits = ctx.dtype(x), _SIGNED_BITS[ctx.dtype(x)]
     x64, s = ctx.cast(x, "int64"), ctx.cast(y, "int64")
     zero = ctx.scalar(0, "int64")
-    outside = ctx.elementwise(
-        Prim.OR,
-        ctx.elementwise(Prim.LT, s, zero),
-        ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, s, ctx.scalar(bits, "int64"))),
-    )
+    too_far = ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, s, ctx.scalar(bits, "int64")))
+    outside = ctx.elementwise(Prim.OR, ctx.elementwise(Prim.LT, s, zero), too_far)
     s = ctx.elementwise(Prim.WHERE, outside, zero, s)
-    power = ctx.elementwise(Prim.POW, ctx.scalar(2.0, "float32"), ctx.cast(s, "float32"))
-    power = ctx.cast(ctx.unary(Prim.ROUND, power), "int64")  # (2^0 .. 2^31: exact)
+    halves = [s] if bits < 64 else [ctx.elementwise(Prim.DIV, s, ctx.scalar(2, "int64"))]
+    if bits == 64:
+        halves.append(ctx.elementwise(Prim.SUB, s, halves[0]))
     negative = ctx.elementwise(Prim.LT, x64, zero)
-    if left:
-        shifted = ctx.elementwise(Prim.MUL, x64, power)
-        fill = zero
-    else:  # (a truncating division of x - (2^y - 1) floors a negative x)
-        lowered = ctx.elementwise(Prim.SUB, x64, ctx.elementwise(Prim.SUB, power, ctx.scalar(1, "int64")))
-        shifted = ctx.elementwise(Prim.DIV, ctx.elementwise(Prim.WHERE, negative, lowered, x64), power)
-        fill = ctx.elementwise(Prim.WHERE, negative, ctx.scalar(-1, "int64"), zero)
+    shifted = x64
+    for part in halves:
+        power = ctx.elementwise(Prim.POW, ctx.scalar(2.0, "float32"), ctx.cast(part, "float32"))
+        power = ctx.cast(ctx.unary(Prim.ROUND, power), "int64")  # (2^0 .. 2^32: exact)
+        if left:
+            shifted = ctx.elementwise(Prim.MUL, shifted, power)
+        else:  # (floor division: the truncating quotient, one less where the remainder is negative)
+            quotient = ctx.elementwise(Prim.DIV, shifted, power)
+            remainder = ctx.elementwise(Prim.SUB, shifted, ctx.elementwise(Prim.MUL, quotient, power))
+            below = ctx.cast(ctx.elementwise(Prim.LT, remainder, zero), "int64")
+            shifted = ctx.elementwise(Prim.SUB, quotient, below)
+    fill = zero if left else ctx.elementwise(Prim.WHERE, negative, ctx.scalar(-1, "int64"), zero)
     return ctx.cast(ctx.elementwise(Prim.WHERE, outside, fill, shifted), dtype)
 
 
