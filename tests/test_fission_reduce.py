@@ -298,3 +298,23 @@ def test_lrn_even_size_and_other_ranks_follow_the_spec(size, shape):
     assert not result.opaque
     got = reference.run(result.graph, feeds)["out0"]
     assert check.rel_err(got, _lrn_spec(x, size, **LRN_ATTRS)) < 1e-5
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weighted,ignore", [(False, None), (True, 2), (False, 0)])
+def test_losses_against_onnxruntime(reduction, weighted, ignore):
+    """NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (both outputs) over [N, C, d] scores:
+    class weights, an ignored class (excluded from the mean's denominator)."""
+    rng = np.random.default_rng(5)
+    scores, target = rand(3, 5, 4), rng.integers(0, 5, (3, 4)).astype("int64")
+    weight = Const(rng.uniform(0.5, 2, 5).astype("float32")) if weighted else None
+    attrs = {"reduction": reduction, **({} if ignore is None else {"ignore_index": ignore})}
+    check_op("NegativeLogLikelihoodLoss", [scores, target, weight], attrs, opset=13, out_dtypes=["float32"])
+    check_op(
+        "SoftmaxCrossEntropyLoss",
+        [scores, target, weight],
+        attrs,
+        opset=13,
+        n_outputs=2,
+        out_dtypes=["float32"] * 2,
+    )
