@@ -462,3 +462,14 @@ def test_reverse_sequence_default_axes_and_identity():
     check_op("ReverseSequence", [rand(4, 3, 2), i64(4, 2, 3)], opset=10)
     result = check_op("ReverseSequence", [rand(4, 3), i64(1, 0, 1)], opset=10)
     assert result.graph.nodes == ()
+
+
+@pytest.mark.parametrize(
+    "dims,shape,axes",
+    [((5, 6), [3, 8], None), ((5, 6, 4), [7, 5], [0, 2]), ((5, 6), [4], [-1])],
+    ids=["crop-and-pad", "axes", "negative-axis"],
+)
+def test_center_crop_pad(dims, shape, axes):
+    """Each axis cropped or zero-padded to its size, centred (an odd difference's extra at the end)."""
+    attrs = {} if axes is None else {"axes": axes}
+    check_op("CenterCropPad", [rand(*dims), Const(np.array(shape, "int64"))], attrs, opset=18)

@@ -227,3 +227,27 @@ def test_resize_random_scales(seed):
         {"mode": mode, "coordinate_transformation_mode": ctm},
         opset=13,
     )
+
+
+@pytest.mark.parametrize("size,align_corners", [([2, 3, 4, 5], 0), ([2, 3, 4, 5], 1), ([2, 3, 2, 4, 3], 0)])
+def test_affine_grid(size, align_corners):
+    """theta times the output's normalized coordinates, 2-d and 3-d, against ONNX Runtime."""
+    nd = len(size) - 2
+    check_op(
+        "AffineGrid",
+        [rand(2, nd, nd + 1), Const(np.array(size, "int64"))],
+        {"align_corners": align_corners},
+        opset=20,
+    )
+
+
+@pytest.mark.parametrize(
+    "attrs", [{}, {"strides": [2, 1], "pads": [1, 0, 1, 1], "dilations": [1, 2]}], ids=["plain", "strided"]
+)
+def test_col2im(attrs):
+    """Blocks summed back into images (overlaps add up), against ONNX Runtime."""
+    image, block = [6, 5], [3, 2]
+    s, p, d = attrs.get("strides", [1, 1]), attrs.get("pads", [0] * 4), attrs.get("dilations", [1, 1])
+    positions = [(image[i] + p[i] + p[i + 2] - d[i] * (block[i] - 1) - 1) // s[i] + 1 for i in range(2)]
+    x = rand(2, 2 * 6, positions[0] * positions[1])
+    check_op("Col2Im", [x, Const(np.array(image, "int64")), Const(np.array(block, "int64"))], attrs, opset=18)

@@ -187,6 +187,12 @@ def col2im(ctx: Lowering, n: OnnxNode) -> list[str]:
     if rows % taps or math.prod(positions) != length:
         raise KorchError(f"Col2Im input {[batch, rows, length]} does not fit image {image} and block {block}")
     channels = rows // taps
+    # (the rows a stride skips past the last block: output padding, up to the image's size)
+    extra = [
+        image[i]
+        - ((positions[i] - 1) * strides[i] - pads[i] - pads[nd + i] + dilations[i] * (block[i] - 1) + 1)
+        for i in range(nd)
+    ]
     weight = np.zeros((rows, 1, *block), ctx.dtype(x))
     for c in range(channels):
         for k, offset in enumerate(np.ndindex(*block)):
@@ -199,7 +205,7 @@ def col2im(ctx: Lowering, n: OnnxNode) -> list[str]:
         pads=pads,
         dilations=dilations,
         group=channels,
-        output_padding=[0] * nd,
+        output_padding=extra,
     )
     return [y]
 
