@@ -166,7 +166,7 @@ def _grouped_matmul(x, w, ends):
     from torch._subclasses.fake_tensor import is_fake
 
     if is_fake(x):
-        if grouped_mm_on_device(x.dtype, x.device) and _grouped_mm_takes(x, w):
+        if _grouped_mm_on_device_takes(x, w):
             return grouped_matmul_on_device(x, w, ends)
         return torch.ops.korch.grouped_matmul(x, w, ends)
     if x.is_cuda:
@@ -196,7 +196,7 @@ def _grouped_matmul(x, w, ends):
 # empty [S, N] while tracing (torch.library.custom_op's wrapper cost 0.1 ms more a call).
 _LIBRARY = torch.library.Library("korch", "DEF")
 _LIBRARY.define("grouped_matmul(Tensor x, Tensor w, Tensor ends) -> Tensor")
-_LIBRARY.impl("grouped_matmul", lambda x, w, ends: _grouped_matmul(x, w, ends), "CompositeExplicitAutograd")
+_LIBRARY.impl("grouped_matmul", _grouped_matmul, "CompositeExplicitAutograd")
 _LIBRARY.impl("grouped_matmul", lambda x, w, ends: x.new_empty(x.shape[0], w.shape[2]), "Meta")
 
 
@@ -223,13 +223,17 @@ def grouped_mm_on_device(dtype: torch.dtype, device: torch.device | str) -> bool
     )
 
 
+def _grouped_mm_on_device_takes(x, w) -> bool:
+    return grouped_mm_on_device(x.dtype, x.device) and _grouped_mm_takes(x, w)
+
+
 def grouped_matmul_on_device(x, w, ends):
     """The grouped matmul without a host sync. torch._grouped_mm where it takes the operands:
     its ends must be sorted, within the rows, as every source of this primitive promises (torch's
     own _grouped_mm, transformers' grouped_mm_fallback); here they are clamped to the rows and
     made non-decreasing, so other ends give a wrong result (which a kernel's check refuses), never
     a read out of bounds. Elsewhere every group's product for every row, masked (E times the work)."""
-    if not (grouped_mm_on_device(x.dtype, x.device) and _grouped_mm_takes(x, w)):
+    if not _grouped_mm_on_device_takes(x, w):
         return grouped_matmul_dense(x, w, ends)
     rows = x.shape[0]
     offs = torch.cummax(ends.clamp(0, rows), 0).values.to(torch.int32)

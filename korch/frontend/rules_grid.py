@@ -12,6 +12,7 @@ from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.frontend.rules_elementwise import clip_core
 from korch.frontend.rules_linear import add_bias, spatial_attrs
+from korch.frontend.rules_resize import cubic_polynomials
 from korch.prims import Prim
 
 
@@ -164,7 +165,7 @@ def _cubic_weights(ctx: Lowering, t: str, a: float = -0.75) -> list[str]:
             acc = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, acc, d), ctx.scalar(k, dtype))
         return acc
 
-    near, far = (a + 2, -(a + 3), 0.0, 1.0), (a, -5 * a, 8 * a, -4 * a)  # |d| <= 1, 1 < |d| < 2
+    near, far = cubic_polynomials(a)  # (|d| <= 1, 1 < |d| < 2)
     one, two = ctx.scalar(1, dtype), ctx.scalar(2, dtype)
     distances = [
         ctx.elementwise(Prim.ADD, t, one),

@@ -62,6 +62,12 @@ def linear_taps(coords: np.ndarray, in_len: int, dtype: str) -> tuple[np.ndarray
     return lo, np.minimum(lo + 1, in_len - 1), (coords - lo).astype(dtype)
 
 
+def cubic_polynomials(a: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Cubic convolution's kernel (coefficient a) as polynomials in the distance d, highest power
+    first: one for d <= 1, one for 1 < d < 2 (0 beyond)."""
+    return (a + 2, -(a + 3), 0.0, 1.0), (a, -5 * a, 8 * a, -4 * a)
+
+
 def filter_taps(
     coords: np.ndarray, in_len: int, how: Sampling, scale: float, dtype: str
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -78,9 +84,8 @@ def filter_taps(
     index = base.astype("int64").reshape(1, -1) + offsets
     d = np.abs(offsets - (coords - base).reshape(1, -1)) / stretch  # (each tap's scaled distance from c)
     if how.mode == "cubic":
-        a = how.cubic_a
-        near, far = ((a + 2) * d - (a + 3)) * d * d + 1, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
-        weight = np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+        near, far = cubic_polynomials(how.cubic_a)
+        weight = np.where(d <= 1, np.polyval(near, d), np.where(d < 2, np.polyval(far, d), 0.0))
     else:
         weight = np.clip(1 - d, 0, None)
     if how.exclude_outside:

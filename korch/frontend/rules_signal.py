@@ -7,8 +7,9 @@ import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
+from korch.frontend.onnx_types import onnx_dtype
 from korch.frontend.rules_linear import matmul
-from korch.prims import Prim
+from korch.prims import Prim, is_float
 
 
 def dft_core(ctx: Lowering, x: str, axis: int, length: int, inverse: bool, onesided: bool) -> str:
@@ -106,16 +107,25 @@ def stft(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [dft_core(ctx, x, 2, frame, inverse=False, onesided=onesided)]
 
 
+def _float_output(ctx: Lowering, n: OnnxNode) -> str:
+    """The float dtype a constant generator's output_datatype names (others stay opaque)."""
+    code = n.attr("output_datatype", 1)
+    try:
+        dtype = onnx_dtype(code)
+    except KorchError:
+        dtype = None
+    if dtype is None or not is_float(dtype):
+        ctx.unsupported(f"{n.op_type} output_datatype {code}")
+    return dtype
+
+
 def _window(formula):
     def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
         """A constant: the window's formula at every point (periodic: over size points, else size - 1)."""
         size = _scalar_input(ctx, n.inputs[0], f"{n.op_type} size")
         points = size if n.attr("periodic", 1) else size - 1
         angle = 2 * np.pi * np.arange(size) / max(points, 1)
-        dtype = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}.get(n.attr("output_datatype", 1))
-        if dtype is None:
-            ctx.unsupported(f"{n.op_type} output_datatype {n.attr('output_datatype', 1)}")
-        return [ctx.const(formula(angle).astype(dtype))]
+        return [ctx.const(formula(angle).astype(_float_output(ctx, n)))]
 
     return rule
 
@@ -150,7 +160,4 @@ def mel_weight_matrix(ctx: Lowering, n: OnnxNode) -> list[str]:
         falling = (right - j) / (right - centre) if right > centre else np.zeros_like(rising)
         weights[:, i] = np.where((j >= left) & (j <= centre), rising, 0.0)
         weights[:, i] = np.where((j >= centre) & (j < right), falling, weights[:, i])
-    dtype = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}.get(n.attr("output_datatype", 1))
-    if dtype is None:
-        ctx.unsupported(f"MelWeightMatrix output_datatype {n.attr('output_datatype', 1)}")
-    return [ctx.const(weights.astype(dtype))]
+    return [ctx.const(weights.astype(_float_output(ctx, n)))]
