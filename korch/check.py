@@ -183,16 +183,30 @@ def _widen_node(node: onnx.NodeProto) -> None:
 
 
 def has_bfloat16(model: onnx.ModelProto) -> bool:
-    """Whether any initializer, declared value, cast or constant of the main graph is bfloat16."""
-    g = model.graph
-    types = [t.data_type for t in g.initializer]
-    types += [v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]]
-    for a in (a for n in g.node for a in n.attribute):
+    """Whether any initializer, declared value, cast or constant is bfloat16, in the main graph,
+    its subgraphs or its functions (what float32_twin widens)."""
+    nodes = [n for f in model.functions for n in f.node]
+    return _BF16 in _dtypes(model.graph) or any(_BF16 in _node_dtypes(n) for n in nodes)
+
+
+def _dtypes(g: onnx.GraphProto):
+    yield from (t.data_type for t in g.initializer)
+    yield from (v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info])
+    for node in g.node:
+        yield from _node_dtypes(node)
+
+
+def _node_dtypes(node: onnx.NodeProto):
+    for a in node.attribute:
         if a.type == onnx.AttributeProto.INT and a.name in _DTYPE_ATTRS:
-            types.append(a.i)
+            yield a.i
         elif a.type == onnx.AttributeProto.TENSOR:
-            types.append(a.t.data_type)
-    return _BF16 in types
+            yield a.t.data_type
+        elif a.type == onnx.AttributeProto.GRAPH:
+            yield from _dtypes(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs:
+                yield from _dtypes(g)
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:

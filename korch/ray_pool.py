@@ -39,14 +39,17 @@ class RayPool:
         total = ray.cluster_resources()
         self.slots = int(total.get("GPU" if self.gpu else "CPU", 0) // (1 if self.gpu else threads))
 
-    def run(self, jobs, timeout: float, on_result) -> None:
-        pending = list(reversed(jobs))
+    def run(self, jobs, timeout: float, on_result, stop_at: float | None = None) -> list:
+        """As WorkerPool.run: past `stop_at` no job is submitted, and those left are returned."""
+        pending, left = list(reversed(jobs)), []
         if self.slots < 1:
             for job in jobs:
                 on_result(job, {"status": "failed", "reason": "the Ray cluster has no GPU for this job"})
-            return
+            return left
         in_flight: dict = {}  # object ref -> (job, submitted at)
         while pending or in_flight:
+            if pending and stop_at is not None and time.time() > stop_at:
+                left, pending = pending[::-1], []
             while pending and len(in_flight) < self.slots:
                 job = pending.pop()
                 in_flight[self.task.remote(self._portable(job), self.threads)] = (job, time.time())
@@ -62,6 +65,7 @@ class RayPool:
                     del in_flight[ref]
                     reason = f"timed out (or never scheduled) after {timeout:.0f}s"
                     on_result(job, {"status": "failed", "reason": reason})
+        return left
 
     def _portable(self, job: dict) -> dict:
         """The job without paths on this machine: its arrays read from their files. (Source-model

@@ -106,13 +106,17 @@ class WorkerPool:
         child.close()
         return _Worker(proc, parent, spawned=time.time())
 
-    def run(self, jobs, timeout: float, on_result) -> None:
-        """Run every job, calling on_result(job, result) as each finishes."""
-        pending = list(jobs)
+    def run(self, jobs, timeout: float, on_result, stop_at: float | None = None) -> list:
+        """Run every job, calling on_result(job, result) as each finishes. Past `stop_at` (a
+        time.time()) no job starts: the jobs running finish, and those never started are
+        returned, in order."""
+        pending, left = list(jobs), []
         pending.reverse()
         while len(self.workers) < min(self.size, len(pending)):
             self.workers.append(self._spawn())
         while pending or any(w.job is not None for w in self.workers):
+            if pending and stop_at is not None and time.time() > stop_at:
+                left, pending = pending[::-1], []
             for w in self.workers:
                 if w.job is None and pending:
                     w.job, w.started = pending.pop(), time.time()
@@ -122,6 +126,7 @@ class WorkerPool:
             for i, w in enumerate(self.workers):
                 if w.job is not None and not self._receive(w, ready, on_result):
                     self._check(i, w, ready, timeout, on_result)
+        return left
 
     def _receive(self, w: _Worker, ready, on_result) -> bool:
         """Whether w sent something: that it is ready (its job's clock starts) or a result."""

@@ -127,6 +127,48 @@ def cast_block_model(elem_type: int = TensorProto.BFLOAT16, dtype=BFLOAT16) -> o
     return onnx_model(graph, opset=20)
 
 
+def test_bfloat16_only_inside_a_subgraph_or_a_function_still_gets_the_twin():
+    """A float32 model whose bfloat16 arithmetic sits in an If branch, or in a model-local
+    function: ONNX Runtime has no bfloat16 Mul on a CPU, so only the twin runs (x * 0.5 exactly)."""
+    half = numpy_helper.from_array(np.array(0.5, np.float32).astype(BFLOAT16), "half")
+    body = [
+        helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+        helper.make_node("Constant", [], ["half"], value=half),
+        helper.make_node("Mul", ["xb", "half"], ["mb"]),
+        helper.make_node("Cast", ["mb"], ["y_then"], to=TensorProto.FLOAT),
+    ]
+    then = helper.make_graph(
+        body, "then", [], [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, [4])]
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y_else"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, [4])],
+    )
+    vinfo = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])]
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])]
+    branchy = onnx_model(
+        helper.make_graph(
+            [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+            "branchy",
+            [*vinfo, helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+            out,
+        )
+    )
+    body[-1].output[0] = "y"
+    halve = helper.make_function("local", "Halve", ["x"], ["y"], body, [helper.make_opsetid("", 17)])
+    local = onnx_model(
+        helper.make_graph([helper.make_node("Halve", ["x"], ["y"], domain="local")], "local", vinfo, out),
+        extra_opsets=[("local", 1)],
+    )
+    local.functions.append(halve)
+    x = np.array([1.0, -3.0, 1 / 3, 1e-3], np.float32)  # (1/3 and 1e-3 are no bfloat16)
+    for model, feeds in [(branchy, {"x": x, "c": np.array(True)}), (local, {"x": x})]:
+        assert check.has_bfloat16(model) and not check.has_bfloat16(check.float32_twin(model))
+        assert np.array_equal(check.onnxruntime_outputs(model, feeds)["y"], x * np.float32(0.5))
+
+
 def test_onnxruntime_declines_bfloat16_kernels_on_a_cpu():
     """(It has none: a session would fail to build for every candidate.)"""
     graph = korch.fission(block_model(TensorProto.BFLOAT16, BFLOAT16)).graph

@@ -48,6 +48,7 @@ def rand(*shape, seed=0):
 
 X = rand(2, 3, 6, 6)
 V = rand(2, 5, 8)
+EMBED = rand(10, 6, seed=1)  # an EmbeddingBag's weight
 
 
 def _row_hidden(rows, cols):
@@ -95,6 +96,12 @@ OPS = [
         "unary",
         lambda x: x.exp() + x.abs().log1p() + x.tanh() + x.sigmoid() + x.sin() + x.cos() + x.erf(),
         (V,),
+    ),
+    # every quadrant, and signed zeros (V * 0 holds -0.0 where V < 0): x = +-0, y = +-0, both
+    (
+        "atan2",
+        lambda y, x: (torch.atan2(y, x), torch.atan2(y * (x > 0), x), torch.atan2(y * (x > 0), x * 0)),
+        (V, V.flip(2)),
     ),
     ("inverse_trig", lambda x: torch.tanh(x).asin() + torch.tanh(x).acos() + (x * 9).atan(), (V,)),
     # tiny arguments: log(1 + x) and exp(x) - 1 would lose every digit (found by test_torch_opinfo.py)
@@ -153,6 +160,7 @@ OPS = [
     ("relu_silu_gelu", lambda x: F.relu(x) + F.silu(x) + F.gelu(x) + F.gelu(x, approximate="tanh"), (V,)),
     ("hard_acts", lambda x: F.hardswish(x * 4) + F.hardsigmoid(x * 4) + F.hardtanh(x, -0.5, 0.5), (V,)),
     ("leaky_elu_mish", lambda x: F.leaky_relu(x, 0.1) + F.elu(x) + F.mish(x) + F.softplus(x, beta=2), (V,)),
+    ("rrelu_in_eval", lambda x: F.rrelu(x * 3, 0.1, 0.3) + F.rrelu(x), (V,)),  # (the slopes' mean)
     ("clamp", lambda x: x.clamp(-0.5, 0.7) + x.clamp(min=0.1) + x.clamp(max=-0.1), (V,)),
     ("compare_where", lambda x, y: torch.where((x > y) | (x <= 0.2) & ~(x == y), x, y * 2), (V, V.flip(0))),
     (
@@ -182,6 +190,24 @@ OPS = [
         (V,),
     ),
     ("index_2d", lambda x: x[:, :, torch.tensor([[0], [2]]), torch.tensor([1, 3, 5])], (X,)),
+    (  # every mode; an empty bag (offsets 3, 3); padding rows; weights per index; a last offset
+        "embedding_bag",
+        lambda i, o, w: (
+            F.embedding_bag(i, EMBED, o, mode="sum", per_sample_weights=w),
+            F.embedding_bag(i, EMBED, o, mode="mean", padding_idx=2),
+            F.embedding_bag(i, EMBED, o, mode="max", padding_idx=4),
+            F.embedding_bag(
+                i, EMBED, torch.cat([o, o.new_tensor([10])]), mode="sum", include_last_offset=True
+            ),
+            F.embedding_bag(i.view(2, 5), EMBED, mode="mean"),
+        ),
+        (torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 2]), torch.tensor([0, 3, 3, 7]), rand(10)),
+    ),
+    (  # index tensors known only at run time, negative ones too; separated by a slice (x[i, :, j])
+        "index_runtime",
+        lambda x, i, j: (x[i, j], x[:, i, j], x[i, :, j], x[torch.arange(2), (j + 1).flatten()]),
+        (V, torch.tensor([1, 0, -1]), torch.tensor([[2], [-3]])),
+    ),
     ("index_put", lambda x, i: _assigned(x, i), (V, torch.tensor([4, 0, -2]))),
     (
         "scatters",
@@ -635,6 +661,34 @@ def test_optimize_sorts_and_scatters_with_an_index_input(backends, torch_cache):
     assert plan.verify() <= 1e-5  # (random indices, drawn inside the dimension they index)
 
 
+class Recommender(nn.Module):
+    """A recommendation model's lookups: an EmbeddingBag over index and offset inputs, and a
+    table read at two index inputs (x[i, j], both known only at run time)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(50, 8, mode="mean", padding_idx=0)
+        self.table, self.out = nn.Parameter(rand(6, 8)), nn.Linear(8, 4)
+
+    def forward(self, idx, offsets, rows, cols):
+        return self.out(self.bag(idx, offsets)).relu(), self.table[rows, cols]
+
+
+@pytest.mark.parametrize("backends", [("onnxruntime",), ("inductor",)])
+def test_optimize_embedding_bags_and_runtime_indices(backends, torch_cache):
+    module = Recommender().eval()
+    idx, offsets = torch.tensor([3, 0, 7, 7, 49, 1, 0, 12]), torch.tensor([0, 2, 2, 5])
+    rows, cols = torch.tensor([[5], [-1], [0]]), torch.tensor([0, 7, -8, 3])
+    plan = korch.optimize(
+        module, (idx, offsets, rows, cols), **{**fast_options(torch_cache), "backends": backends}
+    )
+    with torch.no_grad():
+        want = module(idx, offsets, rows, cols)
+    for got, w in zip(plan(idx, offsets, rows, cols), want):
+        assert check.rel_err(got.numpy(), w.numpy()) <= 1e-5
+    assert plan.verify() <= 1e-5  # (random offsets too: a bag before the first offset is bag 0)
+
+
 def _grouped_mm_op():
     """Hugging Face transformers' custom op for a float32 grouped matmul, registered here under
     its own name and schema where transformers is not installed (its eager loop is the oracle)."""
@@ -767,8 +821,8 @@ def test_optimize_module_needs_example_inputs():
 
 @pytest.mark.parametrize(
     "layer",
-    [nn.Dropout(0.5), nn.BatchNorm1d(5), nn.Dropout1d(0.5)],
-    ids=["dropout", "batchnorm", "dropout1d"],
+    [nn.Dropout(0.5), nn.BatchNorm1d(5), nn.Dropout1d(0.5), nn.RReLU()],
+    ids=["dropout", "batchnorm", "dropout1d", "rrelu"],
 )
 def test_training_mode_says_call_eval(layer):
     module = nn.Sequential(nn.Linear(8, 8), layer).train()

@@ -35,6 +35,23 @@ def test_a_job_that_overruns_fails_and_the_next_runs_on_a_new_worker():
     assert results[1] == {"status": "ok", "n": 2}
 
 
+def test_past_stop_at_no_job_starts_and_the_rest_come_back_in_order():
+    """(A --time-budget that ends inside a chunk of compiles.) The job running at the deadline
+    finishes; the two never started are returned, not run."""
+    pool = WorkerPool(1, 1, slow_start.echo)
+    results = []
+    try:
+        pool.run([{"n": 0}], 60, lambda job, result: None)  # (the worker's imports, out of the way)
+        jobs = [{"n": 1, "nap": 1.0}, {"n": 2}, {"n": 3}]
+        left = pool.run(jobs, 60, lambda job, result: results.append(result), stop_at=time.time() + 0.5)
+        assert pool.run([{"n": 4}], 60, lambda job, result: results.append(result), stop_at=time.time()) == [
+            {"n": 4}
+        ]
+    finally:
+        pool.close()
+    assert results == [{"status": "ok", **jobs[0]}] and left == jobs[1:]
+
+
 def test_a_worker_compiles_with_its_share_of_the_cores():
     """Inductor compiles in a pool of min(32, cores) processes of its own, in every process: in
     each of 16 profiling workers on the 16-core GPU machine, 256 in all. A worker given one thread

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from korch.errors import KorchError
@@ -9,7 +11,14 @@ from korch.frontend.aten_lowering import AtenNode, aten, operand, torch_dtype_na
 from korch.frontend.lowering import Lowering, normalize_axes
 from korch.frontend.rules_attention import allowed_bias, attend, band_bias, repeat_heads
 from korch.frontend.rules_grid import GRID_PADDINGS, grid_sample_core
-from korch.frontend.rules_layout import gather_elements_core, slice_bounds, tile_core
+from korch.frontend.rules_layout import (
+    affine_index,
+    gather_elements_core,
+    row_strides,
+    slice_bounds,
+    tile_core,
+    wrap_negative,
+)
 from korch.frontend.rules_linear import add_bias, matmul
 from korch.frontend.rules_pool import avg_pool_core, max_pool_core, max_pool_indices
 from korch.frontend.rules_resize import Sampling, resample
@@ -122,6 +131,53 @@ def embedding(ctx: Lowering, n: AtenNode) -> str:
     return ctx.emit(Prim.GATHER, n["weight"], n["indices"], axis=0)
 
 
+@aten("aten._embedding_bag.default", "aten._embedding_bag_forward_only.default")
+def embedding_bag(ctx: Lowering, n: AtenNode) -> list[str | None]:
+    """EmbeddingBag: the indexed rows (times per_sample_weights), combined per bag by a scatter
+    into [bags, D]: summed, averaged, or their maximum (an empty bag gives zeros). An index's bag
+    is the number of bag starts (offsets) at or before it, less one (0 before the first: torch
+    requires offsets[0] = 0, random check inputs do not); rows at padding_idx take no part. Only
+    the first output is lowered: the others serve the backward pass."""
+    weight, idx, mode = n["weight"], n["indices"], n["mode"]
+    (count,), (bags, width) = ctx.shape(idx), n.out.shape
+    dtype = ctx.dtype(weight)
+
+    def scatter(fill: float, shape: tuple[int, ...], updates: str, how: str) -> str:
+        return ctx.emit(
+            Prim.SCATTER, ctx.broadcast_to(ctx.scalar(fill, dtype), shape), bag, updates, reduction=how
+        )
+
+    rows = ctx.emit(Prim.GATHER, weight, idx, axis=0)
+    if n["per_sample_weights"] is not None:
+        rows = ctx.elementwise(Prim.MUL, rows, ctx.reshape(n["per_sample_weights"], (count, 1)))
+    starts = ctx.reshape(ctx.slice_axis(ctx.cast(n["offsets"], "int64"), 0, 0, bags), (1, bags))
+    after = ctx.const(np.arange(1, count + 1, dtype="int64").reshape(count, 1))
+    begun = ctx.cast(ctx.elementwise(Prim.LT, starts, after), "int64")  # (start <= position)
+    bag = ctx.reduce(Prim.REDUCE_SUM, begun, [1], keepdims=False)
+    bag = ctx.elementwise(
+        Prim.MAX, ctx.elementwise(Prim.SUB, bag, ctx.scalar(1, "int64")), ctx.scalar(0, "int64")
+    )
+    taken = ctx.broadcast_to(ctx.scalar(True, "bool"), (count,))
+    if n["padding_idx"] >= 0:
+        padding = ctx.elementwise(Prim.EQ, idx, ctx.scalar(n["padding_idx"], ctx.dtype(idx)))
+        taken = ctx.elementwise(Prim.NOT, padding)
+    members = ctx.reshape(scatter(0, (bags,), ctx.cast(taken, dtype), "add"), (bags, 1))
+    taken = ctx.reshape(taken, (count, 1))
+    if mode == 2:  # max
+        top = scatter(
+            -np.inf,
+            (bags, width),
+            ctx.elementwise(Prim.WHERE, taken, rows, ctx.scalar(-np.inf, dtype)),
+            "max",
+        )
+        empty = ctx.elementwise(Prim.EQ, members, ctx.scalar(0, dtype))
+        return [ctx.elementwise(Prim.WHERE, empty, ctx.scalar(0, dtype), top), None, None, None]
+    total = scatter(0, (bags, width), ctx.elementwise(Prim.WHERE, taken, rows, ctx.scalar(0, dtype)), "add")
+    if mode == 1:  # mean
+        total = ctx.elementwise(Prim.DIV, total, ctx.elementwise(Prim.MAX, members, ctx.scalar(1, dtype)))
+    return [total, None, None, None]
+
+
 @aten("aten.index_select.default")
 def index_select(ctx: Lowering, n: AtenNode) -> str:
     x = vector(ctx, n["self"])
@@ -172,24 +228,35 @@ def _wrapped(ctx: Lowering, index: str, dim: int) -> str:
 
 @aten("aten.index.Tensor")
 def index(ctx: Lowering, n: AtenNode) -> str:
-    """Advanced indexing with adjacent index tensors: one gather over the merged indexed axes."""
+    """Advanced indexing: the indexed axes merged into one, and one gather of the flat positions
+    sum(wrap(index_k) * stride_k) (the index tensors broadcast together; folded when they are all
+    constants). Index tensors separated by slices put their broadcast axes first, as torch does:
+    the indexed axes are moved to the front, where they are adjacent."""
     x, indices = n["self"], list(n["indices"])
     axes = [i for i, v in enumerate(indices) if v is not None]
-    if axes != list(range(axes[0], axes[-1] + 1)):
-        raise KorchError("index tensors separated by slices are not supported")
     if any(ctx.dtype(indices[a]) == "bool" for a in axes):
         raise KorchError("boolean mask indexing has a data-dependent shape")
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        x = ctx.transpose(x, axes + [a for a in range(ctx.rank(x)) if a not in axes])
+        indices, axes = [indices[a] for a in axes], list(range(len(axes)))
     shape = ctx.shape(x)
     if len(axes) == 1:
         return ctx.emit(Prim.GATHER, x, _wrapped(ctx, indices[axes[0]], shape[axes[0]]), axis=axes[0])
-    values = [ctx.const_value(indices[a]) for a in axes]
-    if any(v is None for v in values):
-        raise KorchError("several index tensors must be compile-time constants")
     dims = [shape[a] for a in axes]
-    wrapped = [np.where(v < 0, v + d, v) for v, d in zip(values, dims)]
-    flat = np.ravel_multi_index(tuple(np.broadcast_arrays(*wrapped)), dims).astype("int64")
-    merged = ctx.reshape(x, shape[: axes[0]] + (int(np.prod(dims)),) + shape[axes[-1] + 1 :])
-    return ctx.emit(Prim.GATHER, merged, ctx.const(flat), axis=axes[0])
+    merged = ctx.reshape(x, shape[: axes[0]] + (math.prod(dims),) + shape[axes[-1] + 1 :])
+    values = [ctx.const_value(indices[a]) for a in axes]
+    if all(v is not None for v in values):
+        wrapped = [np.where(v < 0, v + d, v) for v, d in zip(values, dims)]
+        flat = np.ravel_multi_index(tuple(np.broadcast_arrays(*wrapped)), dims).astype("int64")
+        return ctx.emit(Prim.GATHER, merged, ctx.const(flat), axis=axes[0])
+    terms = []
+    for a, d, stride in zip(axes, dims, row_strides(dims)):
+        idx = wrap_negative(ctx, ctx.cast(indices[a], "int64"), d)
+        terms.append(affine_index(ctx, idx, stride, np.zeros((), "int64")))
+    flat = terms[0]
+    for term in terms[1:]:
+        flat = ctx.elementwise(Prim.ADD, flat, term)
+    return ctx.emit(Prim.GATHER, merged, flat, axis=axes[0])
 
 
 # ------------------------------------------------------------------ constants
