@@ -106,6 +106,18 @@ def models(T) -> dict:
         ),
         "falcon": (lambda: T.FalconForCausalLM(T.FalconConfig(**LM)), (_ids(),)),
         "llama": (lambda: T.LlamaForCausalLM(T.LlamaConfig(**LM, num_key_value_heads=2)), (_ids(),)),
+        # sequence classification: the logits read at each row's last non-padding token
+        # (logits[arange(batch), last], an index known only at run time)
+        "llama-classifier": (
+            lambda: T.LlamaForSequenceClassification(T.LlamaConfig(**LM, num_key_value_heads=2, **TOKENS)),
+            (_ids(),),
+        ),
+        "gpt2-classifier": (
+            lambda: T.GPT2ForSequenceClassification(
+                T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=64, pad_token_id=0)
+            ),
+            (_ids(),),
+        ),
         "mistral": (lambda: T.MistralForCausalLM(T.MistralConfig(**LM, num_key_value_heads=2)), (_ids(),)),
         "qwen2": (lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**LM, num_key_value_heads=2)), (_ids(),)),
         "qwen3": (

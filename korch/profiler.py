@@ -405,6 +405,25 @@ def _coverage(
     return keep
 
 
+def _require_every_primitive(
+    graph: Graph, candidates: CandidateSet, runnable: set[str], refusals: dict
+) -> None:
+    """A one-line error before any profiling when some primitive is in no kernel that any of the
+    backends runs (`--backends vendor` and an elementwise primitive, an opaque operator without
+    ONNX Runtime): no plan could exist, whatever the budget."""
+    covered = set().union(*(c.nodes for c in candidates.candidates if c.key in runnable))
+    missing = [i for i in range(len(graph.nodes)) if i not in covered]
+    if missing:
+        node = graph.nodes[missing[0]]
+        what = dict(node.attrs).get("op_type", node.prim.value)
+        what += f" of {node.origin.rstrip(':')}" if node.origin else ""  # (op:node name)
+        why = "; ".join(refusals.get(missing[0], ["no kernel holds it"]))
+        raise KorchError(
+            f"no backend given can run {len(missing)} primitive(s), the first {what} ({why}); "
+            "add a backend (--backends)"
+        )
+
+
 def _write_blobs(specs, directory: Path) -> tuple[dict[str, dict[str, bytes]], dict[str, dict[str, str]]]:
     """Each source model's bytes written once to a file: (key -> {sha256: bytes}, key -> {sha256:
     path}). Workers load the file instead of receiving hundreds of megabytes through a pipe with
@@ -460,7 +479,7 @@ def profile(
     for c in candidates.candidates:  # (a seed's key may also be an enumerated candidate's: it is a seed)
         if c.key not in representative or c.seed and not representative[c.key].seed:
             representative[c.key] = c
-    jobs = []
+    jobs, runnable, refusals = [], set(), {}
     for key, cand in representative.items():
         spec = specs[key] if specs and key in specs else kernel_spec(graph, cand)
         result.profiles[key] = {}
@@ -468,13 +487,17 @@ def profile(
             reason = backend.supports(spec, options.device)
             if reason:
                 result.unsupported[reason] += 1
+                if len(cand.nodes) == 1:
+                    refusals.setdefault(next(iter(cand.nodes)), []).append(f"{backend.name}: {reason}")
                 continue
+            runnable.add(key)
             hit = db.lookup(key, backend.name, backend.version(), device)
             if hit is not None:
                 result.profiles[key][backend.name] = hit
                 result.cache_hits += 1
             else:
                 jobs.append((spec, backend))
+    _require_every_primitive(graph, candidates, runnable, refusals)
     if not jobs:
         result.seconds = time.time() - started
         return result

@@ -170,6 +170,33 @@ def test_opaque_ops_are_listed_and_strict_refuses_them(tmp_path):
     assert_one_line_error(*run_cli("fission", path, "--strict"), match="--strict")
 
 
+def test_backends_that_cannot_run_some_primitive_are_refused_before_profiling(small_model, tmp_path):
+    """The vendor backend runs linear primitives only: a ReLU after the convolution has no kernel,
+    whatever the budget (it used to profile, then say "every backend failed on its producer")."""
+    model = onnx.load(small_model)
+    relu = helper.make_node("Relu", [model.graph.output[0].name], ["relu"])
+    model.graph.node.append(relu)
+    model.graph.output[0].name = "relu"
+    path = tmp_path / "conv_relu.onnx"
+    onnx.save(model, path)
+    code, out, err = run_cli(
+        "optimize",
+        path,
+        "-o",
+        tmp_path / "plan",
+        "--backends",
+        "vendor",
+        "--cache",
+        tmp_path / "c.sqlite",
+        "-q",
+    )
+    assert_one_line_error(
+        code, out, err, match="no backend given can run 1 primitive(s), the first max of Relu"
+    )
+    assert "vendor: not a single linear primitive" in err
+    assert not (tmp_path / "plan").exists()
+
+
 def test_dangling_input(tmp_path):
     graph = helper.make_graph(
         [helper.make_node("Add", ["x", "ghost"], ["y"])],
