@@ -103,6 +103,15 @@ OPS = [
         lambda y, x: (torch.atan2(y, x), torch.atan2(y * (x > 0), x), torch.atan2(y * (x > 0), x * 0)),
         (V, V.flip(2)),
     ),
+    (  # the polynomial's two ranges (tanh(3 V) reaches both), +-1, beyond 1, the normal quantile
+        "erfinv_ndtri",
+        lambda x, e: (
+            torch.erfinv(torch.tanh(x * 3)),
+            torch.erfinv(e),
+            torch.special.ndtri(torch.sigmoid(x)),
+        ),
+        (V, torch.tensor([1.0, -1.0, 1.5, 0.0, 0.9999, -0.99999994, 1e-30])),
+    ),
     ("inverse_trig", lambda x: torch.tanh(x).asin() + torch.tanh(x).acos() + (x * 9).atan(), (V,)),
     # tiny arguments: log(1 + x) and exp(x) - 1 would lose every digit (found by test_torch_opinfo.py)
     ("log1p_expm1_tiny", lambda x: (torch.log1p(x * 1e-7), torch.expm1(x * 3e-8), torch.expm1(x * 9)), (V,)),

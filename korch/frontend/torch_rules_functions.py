@@ -1,7 +1,8 @@
 """ATen rules for the rest of the math library: hyperbolic functions and their inverses, tan,
 logarithms and powers of 2 and 10, erfc, hypot, copysign and the sign bit, fmax/fmin, isinf,
-trunc, ldexp, lgamma and digamma. The hyperbolic ones reuse the ONNX rules' cores
-(rules_elementwise), which keep the library functions' accuracy near 0 and for huge arguments."""
+trunc, ldexp, lgamma, digamma, atan2, erfinv and the normal quantile. The hyperbolic ones reuse
+the ONNX rules' cores (rules_elementwise), which keep the library functions' accuracy near 0 and
+for huge arguments."""
 
 from __future__ import annotations
 
@@ -269,6 +270,64 @@ def digamma_core(ctx: Lowering, x: str) -> str:
 
 aten("aten.lgamma.default")(_in_float64(lgamma_core))
 aten("aten.digamma.default")(_in_float64(digamma_core))
+
+
+# Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011): single precision, in
+# w = -log((1 - x)(1 + x)), below 5 around 2.5, above in sqrt(w) around 3 (highest power first)
+_ERFINV_CENTRE = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087)
+_ERFINV_CENTRE += (-0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773)
+_ERFINV_TAIL += (-0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+
+
+def erfinv_core(ctx: Lowering, x: str) -> str:
+    """erf's inverse: x times Giles' polynomial (about 1e-7 relative); +-inf at +-1, NaN beyond."""
+
+    def poly(t: str, coefficients) -> str:  # Horner's rule in t
+        p = _s(ctx, x, coefficients[0])
+        for c in coefficients[1:]:
+            p = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, p, t), _s(ctx, x, c))
+        return p
+
+    one = _s(ctx, x, 1)
+    w = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, one, x), ctx.elementwise(Prim.ADD, one, x))
+    w = ctx.unary(Prim.NEG, ctx.unary(Prim.LOG, w))
+    centre = poly(ctx.elementwise(Prim.SUB, w, _s(ctx, x, 2.5)), _ERFINV_CENTRE)
+    tail = poly(ctx.elementwise(Prim.SUB, ctx.unary(Prim.SQRT, w), _s(ctx, x, 3)), _ERFINV_TAIL)
+    p = ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, w, _s(ctx, x, 5)), centre, tail)
+    y = ctx.elementwise(Prim.MUL, p, x)
+    edge = ctx.elementwise(Prim.EQ, ctx.unary(Prim.ABS, x), one)  # (p is inf or NaN there)
+    return ctx.elementwise(Prim.WHERE, edge, ctx.elementwise(Prim.MUL, x, _s(ctx, x, math.inf)), y)
+
+
+def ndtri_core(ctx: Lowering, p: str) -> str:
+    """The standard normal's quantile: sqrt(2) erfinv(2p - 1)."""
+    centred = ctx.elementwise(Prim.SUB, ctx.elementwise(Prim.MUL, p, _s(ctx, p, 2)), _s(ctx, p, 1))
+    return ctx.elementwise(Prim.MUL, erfinv_core(ctx, centred), _s(ctx, p, math.sqrt(2)))
+
+
+aten("aten.erfinv.default")(_in_float64(erfinv_core))
+aten("aten.special_ndtri.default")(_in_float64(ndtri_core))
+
+
+@aten("aten.atan2.default")
+def atan2(ctx: Lowering, n: AtenNode) -> str:
+    """atan(y / x), turned by pi toward y's side where x's sign is negative (signs read as IEEE
+    does, -0.0 negative: v < 0 or 1 / v < 0), and where y is zero, y itself or that turn (y / x
+    is NaN at x = +-0). Both infinite gives NaN (torch: an odd multiple of pi/4)."""
+    y, x = ctx.cast(n["self"], n.out.dtype), ctx.cast(n["other"], n.out.dtype)
+    zero = _s(ctx, x, 0)
+
+    def negative(v: str) -> str:
+        below = ctx.elementwise(Prim.LT, v, zero)
+        return ctx.elementwise(Prim.OR, below, ctx.elementwise(Prim.LT, ctx.unary(Prim.RECIPROCAL, v), zero))
+
+    turn = ctx.elementwise(Prim.WHERE, negative(y), _s(ctx, x, -math.pi), _s(ctx, x, math.pi))
+    left = negative(x)
+    angle = ctx.unary(Prim.ATAN, ctx.elementwise(Prim.DIV, y, x))
+    angle = ctx.elementwise(Prim.WHERE, left, ctx.elementwise(Prim.ADD, angle, turn), angle)
+    on_axis = ctx.elementwise(Prim.WHERE, left, turn, y)
+    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.EQ, y, zero), on_axis, angle)
 
 
 @aten("aten.polygamma.default")

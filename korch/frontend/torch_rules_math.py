@@ -233,26 +233,6 @@ def _x(ctx: Lowering, n: AtenNode) -> str:
     return ctx.cast(n["self"], n.out.dtype)
 
 
-@aten("aten.atan2.default")
-def atan2(ctx: Lowering, n: AtenNode) -> str:
-    """atan(y / x), turned by pi toward y's side where x's sign is negative (signs read as IEEE
-    does, -0.0 negative: v < 0 or 1 / v < 0), and where y is zero, y itself or that turn (y / x
-    is NaN at x = +-0). Both infinite gives NaN (torch: an odd multiple of pi/4)."""
-    y, x = ctx.cast(n["self"], n.out.dtype), ctx.cast(n["other"], n.out.dtype)
-    zero = _s(ctx, x, 0)
-
-    def negative(v: str) -> str:
-        below = ctx.elementwise(Prim.LT, v, zero)
-        return ctx.elementwise(Prim.OR, below, ctx.elementwise(Prim.LT, ctx.unary(Prim.RECIPROCAL, v), zero))
-
-    turn = ctx.elementwise(Prim.WHERE, negative(y), _s(ctx, x, -math.pi), _s(ctx, x, math.pi))
-    left = negative(x)
-    angle = ctx.unary(Prim.ATAN, ctx.elementwise(Prim.DIV, y, x))
-    angle = ctx.elementwise(Prim.WHERE, left, ctx.elementwise(Prim.ADD, angle, turn), angle)
-    on_axis = ctx.elementwise(Prim.WHERE, left, turn, y)
-    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.EQ, y, zero), on_axis, angle)
-
-
 aten("aten.asin.default")(lambda ctx, n: asin_core(ctx, _x(ctx, n)))
 aten("aten.acos.default")(lambda ctx, n: acos_core(ctx, _x(ctx, n)))
 
