@@ -49,6 +49,7 @@ def rand(*shape, seed=0):
 X = rand(2, 3, 6, 6)
 V = rand(2, 5, 8)
 EMBED = rand(10, 6, seed=1)  # an EmbeddingBag's weight
+BILINEAR = rand(4, 8, 6, seed=2), rand(4, seed=3)  # F.bilinear's weight and bias
 
 
 def _row_hidden(rows, cols):
@@ -199,6 +200,7 @@ OPS = [
         (V,),
     ),
     ("index_2d", lambda x: x[:, :, torch.tensor([[0], [2]]), torch.tensor([1, 3, 5])], (X,)),
+    ("bilinear", lambda x, y: F.bilinear(x, y, *BILINEAR), (V, V[..., :6] * 2)),  # (nn.Bilinear)
     (  # every mode; an empty bag (offsets 3, 3); padding rows; weights per index; a last offset
         "embedding_bag",
         lambda i, o, w: (

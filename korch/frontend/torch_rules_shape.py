@@ -178,6 +178,21 @@ def embedding_bag(ctx: Lowering, n: AtenNode) -> list[str | None]:
     return [total, None, None, None]
 
 
+@aten("aten._trilinear.default")
+def bilinear(ctx: Lowering, n: AtenNode) -> str:
+    """F.bilinear's form (y[n, o] = sum x1[n, i] w[o, i, j] x2[n, j]): a matmul of x2 with w's
+    rows [o * i, j], then x1 times that, summed over i. _trilinear's other forms are refused."""
+    x1, w, x2 = n["i1"], n["i2"], n["i3"]
+    layout = [list(n[k]) for k in ("expand1", "expand2", "expand3", "sumdim")]
+    if layout != [[1, 3], [0], [1, 2], [2, 3]] or ctx.rank(x1) != 2 or ctx.rank(x2) != 2:
+        raise KorchError(f"_trilinear other than F.bilinear's (expansions and sums {layout})")
+    (rows, left), (out, _, right) = ctx.shape(x1), ctx.shape(w)
+    weight = ctx.transpose(ctx.reshape(w, (out * left, right)), [1, 0])
+    mixed = ctx.reshape(matmul(ctx, x2, weight), (rows, out, left))
+    product = ctx.elementwise(Prim.MUL, ctx.reshape(x1, (rows, 1, left)), mixed)
+    return ctx.reduce(Prim.REDUCE_SUM, product, [2], keepdims=False)
+
+
 @aten("aten.index_select.default")
 def index_select(ctx: Lowering, n: AtenNode) -> str:
     x = vector(ctx, n["self"])
