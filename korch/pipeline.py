@@ -280,6 +280,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
                 min_time=options.min_time,
                 executor=options.executor,
                 ray_address=options.ray_address,
+                whole_graph=True,
             ),
             specs,
         )

@@ -85,6 +85,9 @@ class ProfileOptions:
     progress: bool = True
     executor: str = "local"  # "local" worker processes, or "ray" (compile jobs over a Ray cluster)
     ray_address: str | None = None  # None: a running cluster from RAY_ADDRESS, else a local one
+    # the candidates cover the whole graph (korch.optimize): a primitive that no backend can run
+    # is refused before any profiling, as no plan could exist
+    whole_graph: bool = False
 
 
 @dataclass
@@ -497,7 +500,8 @@ def profile(
                 result.cache_hits += 1
             else:
                 jobs.append((spec, backend))
-    _require_every_primitive(graph, candidates, runnable, refusals)
+    if options.whole_graph:
+        _require_every_primitive(graph, candidates, runnable, refusals)
     if not jobs:
         result.seconds = time.time() - started
         return result
