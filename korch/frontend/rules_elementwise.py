@@ -467,6 +467,14 @@ def _in_float32(fn):
     return rule
 
 
+def horner(ctx: Lowering, t: str, coefficients) -> str:
+    """The polynomial in t with these coefficients, highest power first (Horner's rule)."""
+    acc = ctx.scalar(coefficients[0], ctx.dtype(t))
+    for k in coefficients[1:]:
+        acc = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, acc, t), ctx.scalar(k, ctx.dtype(t)))
+    return acc
+
+
 def log1p_core(ctx: Lowering, u: str) -> str:
     """log(1 + u), accurate for small u: log(w) * u / (w - 1) with w = 1 + u (Goldberg, Theorem 4);
     u itself where w rounds to 1 (below half an ulp of 1) or to infinity (inf / inf is NaN)."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
-from korch.frontend.rules_elementwise import clip_core
+from korch.frontend.rules_elementwise import clip_core, horner
 from korch.frontend.rules_linear import add_bias, spatial_attrs
 from korch.frontend.rules_resize import cubic_polynomials
 from korch.prims import Prim
@@ -159,12 +159,6 @@ def _cubic_weights(ctx: Lowering, t: str, a: float = -0.75) -> list[str]:
     """Cubic convolution's weights of the taps at -1, 0, 1 and 2 from a point t in [0, 1) past tap 0."""
     dtype = ctx.dtype(t)
 
-    def poly(d: str, coefficients) -> str:  # Horner's rule in d
-        acc = ctx.scalar(coefficients[0], dtype)
-        for k in coefficients[1:]:
-            acc = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, acc, d), ctx.scalar(k, dtype))
-        return acc
-
     near, far = cubic_polynomials(a)  # (|d| <= 1, 1 < |d| < 2)
     one, two = ctx.scalar(1, dtype), ctx.scalar(2, dtype)
     distances = [
@@ -173,7 +167,7 @@ def _cubic_weights(ctx: Lowering, t: str, a: float = -0.75) -> list[str]:
         ctx.elementwise(Prim.SUB, one, t),
         ctx.elementwise(Prim.SUB, two, t),
     ]
-    return [poly(d, far if i in (0, 3) else near) for i, d in enumerate(distances)]
+    return [horner(ctx, d, far if i in (0, 3) else near) for i, d in enumerate(distances)]
 
 
 def _reflect(ctx: Lowering, v: str, low: float, high: float) -> str:

@@ -16,6 +16,7 @@ from korch.frontend.rules_elementwise import (
     asinh_core,
     atanh_core,
     cosh_core,
+    horner,
     isnan_core,
     sinh_core,
     tan_core,
@@ -283,17 +284,11 @@ _ERFINV_TAIL += (-0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
 def erfinv_core(ctx: Lowering, x: str) -> str:
     """erf's inverse: x times Giles' polynomial (about 1e-7 relative); +-inf at +-1, NaN beyond."""
 
-    def poly(t: str, coefficients) -> str:  # Horner's rule in t
-        p = _s(ctx, x, coefficients[0])
-        for c in coefficients[1:]:
-            p = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, p, t), _s(ctx, x, c))
-        return p
-
     one = _s(ctx, x, 1)
     w = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, one, x), ctx.elementwise(Prim.ADD, one, x))
     w = ctx.unary(Prim.NEG, ctx.unary(Prim.LOG, w))
-    centre = poly(ctx.elementwise(Prim.SUB, w, _s(ctx, x, 2.5)), _ERFINV_CENTRE)
-    tail = poly(ctx.elementwise(Prim.SUB, ctx.unary(Prim.SQRT, w), _s(ctx, x, 3)), _ERFINV_TAIL)
+    centre = horner(ctx, ctx.elementwise(Prim.SUB, w, _s(ctx, x, 2.5)), _ERFINV_CENTRE)
+    tail = horner(ctx, ctx.elementwise(Prim.SUB, ctx.unary(Prim.SQRT, w), _s(ctx, x, 3)), _ERFINV_TAIL)
     p = ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, w, _s(ctx, x, 5)), centre, tail)
     y = ctx.elementwise(Prim.MUL, p, x)
     edge = ctx.elementwise(Prim.EQ, ctx.unary(Prim.ABS, x), one)  # (p is inf or NaN there)
