@@ -162,7 +162,7 @@ def execution_order(chosen: list[Candidate], available: set[str]) -> tuple[list[
     return order, waiting
 
 
-def _solve_partition(p: _Problem, available: set[str], time_limit: float):
+def _solve_partition(p: _Problem, available: set[str], deadline: float):
     n = len(p.candidates)
     rows, cols, vals, lower = [], [], [], []
 
@@ -193,22 +193,29 @@ def _solve_partition(p: _Problem, available: set[str], time_limit: float):
                 groups[(alone or f"#{i}", u)].append(i)
         if alone is not None:
             groups[(alone, "")].append(i)
+    # One continuous variable per such input u, "u is written" (0..1), carries the providers: a
+    # row per group (written_u >= its members) and one per u (providers >= written_u). Writing
+    # the providers into every group's row instead is the same program, but a transformer layer's
+    # partition then had 5 million nonzeros (HiGHS took 20 s to read them, then solved in 1 node).
+    written: dict[str, int] = {}
     for (_, u), members in groups.items():
         if not u:
             if len(members) > 1:
                 add_row({i: -1.0 for i in members}, -1.0)  # at most one of them
             continue
-        entries = {j: 1.0 for j in p.providers.get(u, [])}
-        for i in members:
-            entries[i] = entries.get(i, 0.0) - 1.0
-        add_row(entries, 0.0)
+        column = written.setdefault(u, n + len(written))
+        add_row({column: 1.0, **{i: -1.0 for i in members}}, 0.0)
+    for u, column in written.items():
+        add_row({column: -1.0, **{j: 1.0 for j in p.providers.get(u, [])}}, 0.0)
+    width = n + len(written)
+    costs = np.concatenate([p.costs * 1000.0, np.zeros(len(written))])
+    integrality = np.concatenate([np.ones(n), np.zeros(len(written))])
     cuts = 0
-    deadline = time.time() + time_limit
     while True:
-        a = coo_matrix((vals, (rows, cols)), shape=(len(lower), n)).tocsr()
+        a = coo_matrix((vals, (rows, cols)), shape=(len(lower), width)).tocsr()
         res = milp(
-            p.costs * 1000.0,
-            integrality=np.ones(n),
+            costs,
+            integrality=integrality,
             bounds=(0, 1),
             constraints=[LinearConstraint(a, np.array(lower), np.inf)],
             options={"time_limit": max(deadline - time.time(), 1.0), "mip_rel_gap": 0.0, "disp": DEBUG},
@@ -238,8 +245,10 @@ def _solve_partition(p: _Problem, available: set[str], time_limit: float):
 def solve(
     graph: Graph, partitions: list[Partition], candidates: list[Candidate], costs, time_limit: float = 60.0
 ) -> Solution:
-    """costs(key) -> (milliseconds, backend) with inf for candidates no backend could run."""
+    """costs(key) -> (milliseconds, backend) with inf for candidates no backend could run.
+    `time_limit`: seconds for all partitions together (each gets at least one)."""
     start = time.perf_counter()
+    deadline = time.time() + time_limit
     by_part: dict[int, list[Candidate]] = defaultdict(list)
     for c in candidates:
         by_part[c.partition].append(c)
@@ -249,7 +258,7 @@ def solve(
     for part in partitions:
         t0 = time.perf_counter()
         p = _problem(graph, part, by_part[part.index], costs)
-        picked, status, gap, objective, cuts = _solve_partition(p, available, time_limit)
+        picked, status, gap, objective, cuts = _solve_partition(p, available, deadline)
         for i in picked:
             solution.chosen.append(Choice(p.candidates[i], p.backends[i], float(p.costs[i])))
             available.update(p.candidates[i].outputs)

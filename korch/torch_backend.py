@@ -20,7 +20,8 @@ _OPTION_NAMES = {f.name for f in fields(OptimizeOptions)} | {"freeze"}
 def korch_backend(gm: torch.fx.GraphModule, example_inputs: Sequence, options: dict | None = None, **_):
     """Dynamo backend: `torch.compile(model, backend="korch", options={"time_budget": 60})`.
     Parameters and buffers are frozen into the plan as constants (options={"freeze": False} keeps
-    them as inputs). Graphs korch cannot lower run eagerly, with one warning each."""
+    them as inputs), except those the graph writes in place (a KV cache): the plan returns their
+    new values, copied back after each call. Graphs korch cannot lower run eagerly, with one warning each."""
     opts = _options(options, example_inputs)
     try:
         with outside_dynamo():
@@ -59,7 +60,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, opts: dict):
     """Lower, optimize and wrap one Dynamo graph; raises on anything korch cannot do."""
     from torch._subclasses.fake_tensor import is_fake
 
-    from korch.frontend.torch_import import import_torch
+    from korch.frontend.torch_import import export, import_exported, written_inputs
     from korch.pipeline import optimize_fission
 
     # a plan is built for fixed shapes and profiled on real values
@@ -67,17 +68,25 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, opts: dict):
         raise KorchError("symbolic, fake or non-tensor graph inputs (compile with dynamic=False)")
     if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
         raise KorchError("korch compiles inference graphs; use torch.no_grad() or requires_grad_(False)")
+    ep = export(gm, example_inputs)
+    # an input the graph writes (a KV cache, a running count) is run-time state, never frozen;
+    # the plan returns its new value and `run` copies it back, as eager would have left it
+    written = [position for position, _ in written_inputs(ep)]
     freeze = opts.pop("freeze")
-    frozen = weight_positions(gm, example_inputs) if freeze else []
-    fission = import_torch(gm, example_inputs, frozen=frozen)
+    frozen = [i for i in weight_positions(gm, example_inputs) if i not in written] if freeze else []
+    fission = import_exported(ep, {i: example_inputs[i] for i in frozen}, writes_inputs=True)
     plan = optimize_fission(fission, OptimizeOptions(**opts))
     executable = plan.executable()
     live = [i for i in range(len(example_inputs)) if i not in set(frozen)]
     names = list(fission.graph.inputs)
     as_list = isinstance(gm.graph.output_node().args[0], list)
+    returned = len(fission.graph.outputs) - len(written)
 
     def run(*args):
         outs = executable.run_owned({n: args[i].contiguous() for n, i in zip(names, live)})
+        for position, value in zip(written, outs[returned:]):
+            args[position].copy_(value)
+        outs = outs[:returned]
         return list(outs) if as_list else tuple(outs)
 
     run.plan = plan  # for inspection and tests

@@ -86,6 +86,47 @@ def test_inductor_kernels_compile_outside_dynamo(compiled_graphs, torch_cache):
         assert torch.allclose(got, module(x), rtol=1e-5, atol=1e-5)
 
 
+class CachedAttention(torch.nn.Module):
+    """One decoding step: the new key and value go into cache slots (`index_copy_` at a position
+    known at run time), a step counter advances in place, and the query attends over the slots
+    written so far."""
+
+    def __init__(self, slots=6, dim=8):
+        super().__init__()
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.register_buffer("keys", torch.zeros(1, slots, dim))
+        self.register_buffer("values", torch.zeros(1, slots, dim))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x, position):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        self.keys.index_copy_(1, position, k)
+        self.values.index_copy_(1, position, v)
+        self.steps.add_(1)
+        written = torch.arange(self.keys.shape[1]) <= position
+        scores = (q @ self.keys.transpose(1, 2)).masked_fill(~written, float("-inf"))
+        return scores.softmax(-1) @ self.values + self.steps
+
+
+def test_a_graph_that_writes_its_inputs_writes_them_back(compiled_graphs, torch_cache):
+    """A KV cache: the plan computes the new buffer values and the backend copies them back, so
+    step after step outputs and buffers match eager PyTorch's on a twin of the module."""
+    module, twin = CachedAttention().eval(), CachedAttention().eval()
+    twin.load_state_dict(module.state_dict())
+    with warnings.catch_warnings(record=True) as record, torch.no_grad():
+        warnings.simplefilter("always")
+        compiled = torch.compile(module, backend="korch", options=fast_options(torch_cache))
+        for step in range(4):
+            x, position = rand(1, 1, 8), torch.tensor([step])
+            got, want = compiled(x, position), twin(x, position)
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), step
+            for name, buffer in twin.named_buffers():
+                assert torch.allclose(getattr(module, name), buffer, rtol=1e-5, atol=1e-6), (step, name)
+    assert korch_warnings(record) == [] and len(compiled_graphs) == 1
+    # the written buffers are the plan's run-time inputs beside x and position; the weights are frozen
+    assert len(compiled_graphs[0].inputs) == 5
+
+
 class Broken(torch.nn.Module):
     """A graph break between two blocks korch compiles (the same graph twice: profiled once)."""
 

@@ -873,7 +873,8 @@ class WritesBuffer(nn.Module):
 
 
 def test_writes_to_buffer_or_input_name_them():
-    with pytest.raises(KorchError, match=r"writes to its buffer 'n' during forward \(korch compiles pure"):
+    pure = r"writes to its buffer 'n' during forward \(a plan is a pure function\): compile it with "
+    with pytest.raises(KorchError, match=pure + r"torch.compile\(module, backend='korch'\)"):
         import_torch(WritesBuffer(), (V,))
     with pytest.raises(KorchError, match=r"writes to its input 'xs_0' in place"):
         import_torch(Fn(lambda x: x.mul_(2) + 1), (V.clone(),))

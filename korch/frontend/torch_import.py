@@ -98,13 +98,18 @@ def import_exported(
     frozen: dict[int, Any],
     output_names: Sequence[str] | None = None,
     training: bool | None = None,
+    writes_inputs: bool = False,
 ) -> FissionResult:
     """Lower an ExportedProgram (already decomposed); `frozen` maps user-input positions to values.
     `training`: whether the exported module (or a submodule) was in training mode, None if unknown.
 
     Outputs are the leaves of what forward returns, in torch.utils._pytree flatten order (the
     order torch.export uses): tuples and lists in order, dicts by insertion order, depth first;
-    `((a, b), {"k": c})` gives [a, b, c]."""
+    `((a, b), {"k": c})` gives [a, b, c].
+
+    A forward that writes to its inputs in place (a KV cache's `index_copy_`) is refused unless
+    `writes_inputs`: then each written input's final value is one more output, after the user's,
+    in the order of `written_inputs(ep)`, for the caller to copy back (korch.torch_backend)."""
     _refuse_training(ep, training)
     b = GraphBuilder()
     ctx = TorchLowering(b)
@@ -116,12 +121,17 @@ def import_exported(
         count += 1
         b.origin = f"{_op_name(node.target)}:{node.name}"
         env[node.name] = _lower(ctx, node, env)
-    outputs = _user_outputs(ep, env)
+    outputs = _user_outputs(ep, env, writes_inputs)
     names = list(
         output_names or (["output"] if len(outputs) == 1 else [f"output{i}" for i in range(len(outputs))])
     )
     if len(names) != len(outputs):
         raise KorchError(f"{len(names)} output names for {len(outputs)} outputs")
+    for position, value in written_inputs(ep) if writes_inputs else []:
+        if position in frozen:
+            raise KorchError(f"input {position} is written in place, so it cannot be frozen")
+        outputs.append(env[value])
+        names.append(f"written_input{position}")
     values = [o if isinstance(o, str) else ctx.const(np.asarray(o)) for o in outputs]
     graph = b.build(values, names, name=type(ep.module()).__name__ or "main")
     verify(graph)
@@ -225,15 +235,28 @@ def _to_numpy(tensor) -> np.ndarray:
     return to_numpy(tensor.contiguous()).copy()
 
 
-def _user_outputs(ep, env) -> list[Any]:
+def written_inputs(ep) -> list[tuple[int, str]]:
+    """(position, name of the final value) of each user input forward writes in place."""
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    return [
+        (users.index(s.target), s.arg.name)
+        for s in ep.graph_signature.output_specs
+        if s.kind == OutputKind.USER_INPUT_MUTATION
+    ]
+
+
+def _user_outputs(ep, env, writes_inputs: bool = False) -> list[Any]:
     from torch.export.graph_signature import OutputKind
 
     outs = []
     for spec in ep.graph_signature.output_specs:
         if spec.kind == OutputKind.BUFFER_MUTATION:
             raise KorchError(
-                f"the module writes to its buffer {spec.target!r} during forward (korch compiles "
-                "pure functions); return the new value as an output instead"
+                f"the module writes to its buffer {spec.target!r} during forward (a plan is a "
+                "pure function): compile it with torch.compile(module, backend='korch'), which "
+                "writes the new value back, or return the new value as an output"
             )
         if spec.kind == OutputKind.PARAMETER_MUTATION:
             raise KorchError(
@@ -241,6 +264,8 @@ def _user_outputs(ep, env) -> list[Any]:
                 "compiles pure functions); not supported"
             )
         if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            if writes_inputs:
+                continue
             raise KorchError(
                 f"the module writes to its input {spec.target!r} in place during forward (korch "
                 "compiles pure functions); use an out-of-place op (x = x * 2, not x.mul_(2))"
