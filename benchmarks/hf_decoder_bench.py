@@ -26,7 +26,6 @@ import warnings
 import torch
 
 import korch
-import korch.torch_backend  # noqa: F401  (registers torch.compile's backend="korch")
 from korch.bench import bench
 from korch.runtime import interleave
 
