@@ -7,6 +7,10 @@ model and path: primitives, opaque operators, and the primitive graph's largest 
 no bfloat16 kernels on a CPU).
 A failure of torch's own exporter is printed as it is (not korch's); korch's refusals say
 "refused".
+`--optimize SECONDS` also optimizes each model end to end (that profiling budget; every backend,
+or `--backends`) and runs the plan: the row then adds the plan's kernels, their backends and its
+largest relative error against eager PyTorch (the PyTorch path) or ONNX Runtime on the exported
+file.
 
 Needs `transformers` (and `onnxscript` for the dynamo exporter), which korch does not depend on;
 a virtual environment that sees korch and torch works:
@@ -318,16 +322,25 @@ def _randomize_zeros(model) -> None:
             p.data.copy_(torch.randn(p.shape, generator=generator) * 0.1)
 
 
-def torch_path(module, inputs) -> str:
+def torch_path(module, inputs, optimize: dict | None = None) -> str:
     result = import_torch(module, inputs)
     feeds = {name: to_numpy(x) for name, x in zip(result.graph.inputs, inputs)}
     got = reference.run(result.graph, feeds)[result.graph.output_names[0]]
     with torch.no_grad():
         want = to_numpy(module(*inputs))
-    return _row(result, check.rel_err(got, want))
+    row = _row(result, check.rel_err(got, want))
+    if optimize is None:
+        return row
+    plan = korch.optimize(module, inputs, **optimize)
+    return f"{row} {_plan_row(plan, check.rel_err(to_numpy(plan(*inputs)[0]), want))}"
 
 
-def onnx_path(module, inputs, dynamo: bool = False) -> str:
+def _plan_row(plan, err: float) -> str:
+    backends = ",".join(sorted({k.backend for k in plan.kernels}))
+    return f"{len(plan.kernels):7d} {backends:28s} {err:9.1e}"
+
+
+def onnx_path(module, inputs, dynamo: bool = False, optimize: dict | None = None) -> str:
     import onnx
 
     with torch.no_grad(), _quiet():
@@ -338,7 +351,11 @@ def onnx_path(module, inputs, dynamo: bool = False) -> str:
             torch.onnx.export(module, inputs, buffer, opset_version=17, dynamo=False)
             model = onnx.load_from_string(buffer.getvalue())
     result = korch.fission(model)
-    return _row(result, korch.check_fission(result))
+    row = _row(result, korch.check_fission(result))
+    if optimize is None:
+        return row
+    plan = korch.optimize(model, **optimize)
+    return f"{row} {_plan_row(plan, plan.verify())}"
 
 
 @contextlib.contextmanager
@@ -375,6 +392,11 @@ def main() -> None:
         "at opset 23, which needs onnxscript) and import the ONNX file; may be given twice",
     )
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument(
+        "--optimize", type=float, metavar="SECONDS", help="also optimize (budget) and run the plan"
+    )
+    parser.add_argument("--cache", help="profile database for --optimize (default: korch's)")
+    parser.add_argument("--backends", help="backends for --optimize (default: korch's)")
     args = parser.parse_args()
     if args.onnx and args.dtype == "bfloat16":
         parser.error("--onnx checks against ONNX Runtime, which has no bfloat16 kernels on a CPU")
@@ -389,7 +411,14 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown models {unknown}; known: {', '.join(table)}")
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, korch {korch.__version__}")
-    print(f"{'model':14s} {'path':8s} {'prims':>6s} {'opaque':>6s} {'rel err':>9s} {'s':>5s}")
+    optimize = None
+    header = f"{'model':14s} {'path':8s} {'prims':>6s} {'opaque':>6s} {'rel err':>9s}"
+    if args.optimize is not None:
+        optimize = dict(time_budget=args.optimize, cache=args.cache, progress=False)
+        if args.backends:
+            optimize["backends"] = args.backends
+        header += f" {'kernels':>7s} {'backends':28s} {'plan err':>9s}"
+    print(f"{header} {'s':>5s}")
     for name in args.models or table:
         make, inputs = table[name]
         torch.manual_seed(0)
@@ -397,10 +426,10 @@ def main() -> None:
         _randomize_zeros(module)
         module = module.to(dtype)
         inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
-        paths = [("torch", torch_path)] + [
+        paths = [("torch", functools.partial(torch_path, optimize=optimize))] + [
             (
                 {"torchscript": "onnx-ts", "dynamo": "onnx-dyn"}[exporter],
-                functools.partial(onnx_path, dynamo=exporter == "dynamo"),
+                functools.partial(onnx_path, dynamo=exporter == "dynamo", optimize=optimize),
             )
             for exporter in args.onnx
         ]

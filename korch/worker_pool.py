@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import util as mp_util
 from multiprocessing.connection import wait
 
 from korch.errors import KorchError
@@ -70,11 +71,25 @@ def _serve(conn, threads: int, run: Callable[[dict], dict]) -> None:
         while True:
             job = conn.recv()
             if job is None:
-                return
+                _leave()
             try:
                 conn.send(run(job))
             except Exception:
                 conn.send({"status": "failed", "reason": traceback.format_exc(limit=1)[-240:]})
+
+
+def _leave() -> None:
+    """Exit without the interpreter's teardown: with torch and Inductor loaded it takes 1-2 s of a
+    core, which close() would wait for once per worker, and a worker has nothing to save (the
+    parent stores every result). Inductor's pool of compiling processes, if this worker started
+    one, is shut down first: its semaphores would otherwise be reported as leaked when korch exits."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        async_compile.shutdown_compile_workers()
+    mp_util._exit_function()  # (multiprocessing's part of the teardown: its objects' finalizers)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @dataclass
@@ -105,6 +120,11 @@ class WorkerPool:
         start_process(proc)
         child.close()
         return _Worker(proc, parent, spawned=time.time())
+
+    def start(self) -> None:
+        """Spawn every worker now rather than at the first run: their imports overlap other work."""
+        while len(self.workers) < self.size:
+            self.workers.append(self._spawn())
 
     def run(self, jobs, timeout: float, on_result, stop_at: float | None = None) -> list:
         """Run every job, calling on_result(job, result) as each finishes. Past `stop_at` (a
@@ -173,14 +193,16 @@ class WorkerPool:
         """Idle workers are asked to leave. A worker still running a job (the run was
         interrupted) or still importing is killed: it ignores Ctrl-C, and waiting for it would
         keep an interrupted korch running for as long as its job or its imports take."""
-        for w in self.workers:
+        for w in self.workers:  # all asked first, then all waited for: they leave together
             if w.job is not None or not w.ready:
                 w.proc.kill()
             with contextlib.suppress(BrokenPipeError, OSError):
                 w.conn.send(None)
+        for w in self.workers:
             w.proc.join(timeout=5)
             if w.proc.is_alive():
                 w.proc.kill()
+                w.proc.join()
         self.workers = []
 
 

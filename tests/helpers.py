@@ -126,3 +126,13 @@ def inductor_compile_threads(job: dict) -> dict:
     from torch._inductor.async_compile import get_compile_threads
 
     return {"status": "ok", "compile": get_compile_threads(), "kernels": torch.get_num_threads()}
+
+
+def exit_marker(job: dict) -> dict:
+    """(A korch.worker_pool job.) Registers an exit handler that writes job["path"]: it runs only
+    if the worker goes through the interpreter's teardown."""
+    import atexit
+    import pathlib
+
+    atexit.register(pathlib.Path(job["path"]).write_text, "torn down")
+    return {"status": "ok"}

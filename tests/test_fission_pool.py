@@ -15,6 +15,9 @@ POOLS = [
     {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
     {"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "SAME_LOWER"},
     {"kernel_shape": [3, 3], "auto_pad": "VALID"},
+    # kernels past the whole input, kept by ceil_mode's partial windows: trimmed to what they reach
+    {"kernel_shape": [12, 16], "strides": [12, 16], "ceil_mode": 1},
+    {"kernel_shape": [8, 12], "strides": [8, 12], "pads": [1, 0, 0, 1], "ceil_mode": 1},
 ]
 
 
@@ -29,6 +32,29 @@ def test_max_pool_indices(attrs):
     """Indices count over the whole tensor, batch and channels too; ties go to the first."""
     x = np.round(rand(2, 3, 9, 10) * 2)
     check_op("MaxPool", [x], attrs, opset=12, n_outputs=2, out_dtypes=["float32", "int64"])
+
+
+@pytest.mark.parametrize("attrs", POOLS[-2:])
+def test_max_pool_indices_of_a_kernel_past_the_input(attrs):
+    x = np.round(rand(2, 3, 9, 10) * 2)
+    check_op("MaxPool", [x], attrs, opset=12, n_outputs=2, out_dtypes=["float32", "int64"])
+
+
+def test_a_kernel_past_the_input_is_trimmed_to_it():
+    """Hugging Face's EfficientNet pools its last 2x2 pixels with AvgPool2d(1280, ceil_mode=True):
+    untrimmed, 1280x1280 taps per channel, 8 GB of windows. Checked against ONNX Runtime, and no
+    value of the primitive graph is larger than the input."""
+    from helpers import check_model, one_node_model
+
+    import korch
+
+    x = rand(1, 4, 2, 2)
+    attrs = {"kernel_shape": [1280, 1280], "strides": [1280, 1280], "ceil_mode": 1}
+    for op in ("AveragePool", "MaxPool"):
+        model, feeds = one_node_model(op, [x], attrs, opset=19)
+        check_model(model, feeds)
+        graph = korch.fission(model).graph
+        assert max(t.nbytes for t in graph.types.values()) <= x.nbytes
 
 
 def test_max_pool_dilated_and_1d():

@@ -280,6 +280,9 @@ OPS = [
             *F.max_pool2d(x.round(), 2, ceil_mode=True, return_indices=True),  # (ties: the first)
             *F.max_pool2d(x, 3, 1, 1, dilation=2, return_indices=True),
             F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
+            # a kernel past the whole input (Hugging Face's EfficientNet: AvgPool2d(1280, ceil_mode=True))
+            F.avg_pool2d(x, 40, ceil_mode=True),
+            *F.max_pool2d(x, (40, 3), (40, 2), ceil_mode=True, return_indices=True),
         ),
         (X,),
     ),

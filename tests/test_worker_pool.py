@@ -80,3 +80,19 @@ def test_workers_that_cannot_start_end_the_run_with_one_line():
     finally:
         pool.close()
     assert results == [{"status": "failed", "reason": "worker died (exit code 1)", "startup": True}] * 2
+
+
+def test_idle_workers_leave_at_once_without_the_interpreters_teardown(tmp_path):
+    """With torch and Inductor loaded the teardown takes a core for 1-2 s, which close() waited
+    for once per worker. Both leave, exit code 0, and no exit handler of theirs runs."""
+    import helpers
+
+    pool = WorkerPool(2, 1, helpers.exit_marker)
+    jobs = [{"path": str(tmp_path / f"worker{i}")} for i in range(2)]
+    try:
+        pool.run(jobs, 60, lambda job, result: None)
+        procs = [w.proc for w in pool.workers]
+    finally:
+        pool.close()
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ constants, and compiles them in (its kernel then serves only kernels reading tho
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ def compile_with(backend: Backend, spec: KernelSpec, device: str, weights: Weigh
     return backend.compile(spec, device, weights) if backend.bakes_weights else backend.compile(spec, device)
 
 
+@functools.cache  # (asked for every candidate of a model: a backend's version is in its profile's key)
 def source_digest(*modules) -> str:
     """A short hash of the modules' source: part of a backend's version, so that changing how korch
     lowers or runs kernels invalidates the profiles (and cached failures) measured before."""

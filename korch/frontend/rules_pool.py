@@ -18,18 +18,29 @@ def _pool_geometry(ctx: Lowering, n: OnnxNode):
     return kernel, strides, pads, dilations, n.attr("ceil_mode", 0)
 
 
-def _extra_pads(sizes, kernel, strides, pads, dilations, ceil_mode) -> list[int]:
-    """The extra room at the end that ceil_mode needs for its last, partial window."""
+def _reach(sizes, kernel, strides, pads, dilations, ceil_mode) -> tuple[list[int], list[int]]:
+    """(kernel, extra): the kernel trimmed of taps that lie past the padded input for every
+    window, and the extra room at the end that ceil_mode's last, partial window needs. A trimmed
+    tap adds nothing (the lowest value to a max, zero to a sum, and is not counted by a mean), but
+    its windows cost memory: Hugging Face's EfficientNet ends with AvgPool2d(1280, ceil_mode=True)
+    over 2x2 pixels, 1280x1280 taps of which 4 are pixels, 8 GB of windows."""
     nd = len(kernel)
-    extra = []
+    trimmed, extra = [], []
     for i in range(nd):
-        extent = (kernel[i] - 1) * dilations[i] + 1
-        span = sizes[i] + pads[i] + pads[nd + i] - extent
-        out = (math.ceil(span / strides[i]) if ceil_mode else span // strides[i]) + 1
-        if ceil_mode and (out - 1) * strides[i] >= sizes[i] + pads[i]:
+        padded, stride = sizes[i] + pads[i] + pads[nd + i], strides[i]
+        span = padded - (kernel[i] - 1) * dilations[i] - 1
+        out = (math.ceil(span / stride) if ceil_mode else span // stride) + 1
+        if ceil_mode and (out - 1) * stride >= sizes[i] + pads[i]:
             out -= 1  # a window may not start inside the end padding
-        extra.append(max(0, (out - 1) * strides[i] + extent - (sizes[i] + pads[i] + pads[nd + i])))
-    return extra
+        # a tap at or past the padded end in the first window is past it in every later one
+        for k in (min(kernel[i], max(1, -(-padded // dilations[i]))), kernel[i]):
+            extent = (k - 1) * dilations[i] + 1
+            room = max(0, (out - 1) * stride + extent - padded)
+            if (padded + room - extent) // stride + 1 == out:  # (else: the untrimmed kernel)
+                break
+        trimmed.append(k)
+        extra.append(room)
+    return trimmed, extra
 
 
 def _windows(ctx, x, kernel, strides, dilations, begins, ends, value):
@@ -41,19 +52,20 @@ def _windows(ctx, x, kernel, strides, dilations, begins, ends, value):
     return ctx.emit(Prim.WINDOW, x, kernel=kernel, strides=strides, dilations=dilations)
 
 
-def _max_windows(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_mode) -> str:
-    """x padded with its lowest value (and ceil_mode's extra room): [..., *out, *kernel] windows."""
+def _max_windows(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_mode):
+    """x padded with its lowest value (and ceil_mode's extra room): ([..., *out, *kernel]
+    windows, that kernel (trimmed: _reach))."""
     nd = len(kernel)
-    extra = _extra_pads(ctx.shape(x)[-nd:], kernel, strides, pads, dilations, ceil_mode)
+    kernel, extra = _reach(ctx.shape(x)[-nd:], kernel, strides, pads, dilations, ceil_mode)
     ends = [e + x_ for e, x_ in zip(pads[nd:], extra)]
     lowest = float("-inf") if is_float(ctx.dtype(x)) else int(np.iinfo(ctx.dtype(x)).min)
-    return _windows(ctx, x, kernel, strides, dilations, pads[:nd], ends, lowest)
+    return _windows(ctx, x, kernel, strides, dilations, pads[:nd], ends, lowest), kernel
 
 
 def max_pool_core(ctx: Lowering, x: str, kernel, strides, pads, dilations, ceil_mode) -> str:
     """pad (with the lowest value) -> window -> reduce_max over the trailing spatial axes."""
     nd = len(kernel)
-    win = _max_windows(ctx, x, kernel, strides, pads, dilations, ceil_mode)
+    win, _ = _max_windows(ctx, x, kernel, strides, pads, dilations, ceil_mode)
     rank = ctx.rank(win)
     return ctx.reduce(Prim.REDUCE_MAX, win, range(rank - nd, rank), keepdims=False)
 
@@ -64,7 +76,7 @@ def max_pool_indices(ctx: Lowering, x: str, kernel, strides, pads, dilations, ce
     constant table, plus the window's corner."""
     nd = len(kernel)
     sizes = ctx.shape(x)[-nd:]
-    win = _max_windows(ctx, x, kernel, strides, pads, dilations, ceil_mode)
+    win, kernel = _max_windows(ctx, x, kernel, strides, pads, dilations, ceil_mode)
     outs = ctx.shape(win)[-2 * nd : -nd]
     flat = ctx.reshape(win, ctx.shape(win)[:-nd] + (math.prod(kernel),))
     best = ctx.reshape(ctx.emit(Prim.ARGMAX, flat, axis=ctx.rank(flat) - 1), ctx.shape(win)[:-nd])
@@ -111,7 +123,7 @@ def avg_pool_core(
     (or by torch's divisor_override)."""
     nd = len(kernel)
     sizes = ctx.shape(x)[-nd:]
-    extra = _extra_pads(sizes, kernel, strides, pads, dilations, ceil_mode)
+    kernel, extra = _reach(sizes, kernel, strides, pads, dilations, ceil_mode)
     begins, ends = pads[:nd], pads[nd:]
     total = _window_sum(ctx, x, kernel, strides, pads, dilations, extra)
     if divisor is not None:
@@ -140,7 +152,7 @@ def lp_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
     """(sum over the window of |x|^p)^(1/p): a sum pool of |x|^p (padding adds nothing)."""
     x, p = n.inputs[0], n.attr("p", 2)
     kernel, strides, pads, dilations, ceil_mode = _pool_geometry(ctx, n)
-    extra = _extra_pads(ctx.shape(x)[2:], kernel, strides, pads, dilations, ceil_mode)
+    kernel, extra = _reach(ctx.shape(x)[2:], kernel, strides, pads, dilations, ceil_mode)
     if p == 2:
         powered = ctx.elementwise(Prim.MUL, x, x)
     elif p == 1:
