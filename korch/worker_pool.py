@@ -81,12 +81,14 @@ def _serve(conn, threads: int, run: Callable[[dict], dict]) -> None:
 def _leave() -> None:
     """Exit without the interpreter's teardown: with torch and Inductor loaded it takes 1-2 s of a
     core, which close() would wait for once per worker, and a worker has nothing to save (the
-    parent stores every result). Inductor's pool of compiling processes, if this worker started
-    one, is shut down first: its semaphores would otherwise be reported as leaked when korch exits."""
+    parent stores every result). What must still happen does, first: Inductor's pool of compiling
+    processes, if this worker started one, is shut down, and multiprocessing's finalizers run
+    (without them, its semaphores were reported as leaked when korch exited)."""
     async_compile = sys.modules.get("torch._inductor.async_compile")
-    if async_compile is not None:
-        async_compile.shutdown_compile_workers()
-    mp_util._exit_function()  # (multiprocessing's part of the teardown: its objects' finalizers)
+    shutdown = getattr(async_compile, "shutdown_compile_workers", None)
+    if shutdown is not None:
+        shutdown()
+    mp_util._exit_function()  # (multiprocessing's part of the teardown)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
