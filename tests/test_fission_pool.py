@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
-from helpers import Const, check_op, rand
+from helpers import Const, check_model, check_op, one_node_model, rand
+
+import korch
 
 POOLS = [
     {"kernel_shape": [2, 2], "strides": [2, 2]},
@@ -44,10 +46,6 @@ def test_a_kernel_past_the_input_is_trimmed_to_it():
     """Hugging Face's EfficientNet pools its last 2x2 pixels with AvgPool2d(1280, ceil_mode=True):
     untrimmed, 1280x1280 taps per channel, 8 GB of windows. Checked against ONNX Runtime, and no
     value of the primitive graph is larger than the input."""
-    from helpers import check_model, one_node_model
-
-    import korch
-
     x = rand(1, 4, 2, 2)
     attrs = {"kernel_shape": [1280, 1280], "strides": [1280, 1280], "ceil_mode": 1}
     for op in ("AveragePool", "MaxPool"):
@@ -112,8 +110,6 @@ def test_grid_sample_bicubic(padding, align_corners):
 def test_deform_conv(attrs, offset_groups, mask, bias):
     """Offsets that move taps past the image (read as zero), masks and biases, groups of channels
     and of offsets, against ONNX Runtime."""
-    from helpers import check_model, one_node_model
-
     rng = np.random.default_rng(4)
     x, w = rand(2, 4, 7, 6), rand(6, 4 // attrs.get("group", 1), 3, 2, seed=1)
     s, p, d = attrs.get("strides", [1, 1]), attrs.get("pads", [0] * 4), attrs.get("dilations", [1, 1])
