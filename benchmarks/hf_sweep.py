@@ -412,7 +412,8 @@ def main() -> None:
         parser.error(f"unknown models {unknown}; known: {', '.join(table)}")
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, korch {korch.__version__}")
     optimize = None
-    header = f"{'model':14s} {'path':8s} {'prims':>6s} {'opaque':>6s} {'rel err':>9s}"
+    width = max(len(name) for name in table)  # (the model column fits every name)
+    header = f"{'model':{width}s} {'path':8s} {'prims':>6s} {'opaque':>6s} {'rel err':>9s}"
     if args.optimize is not None:
         optimize = dict(time_budget=args.optimize, cache=args.cache, progress=False)
         if args.backends:
@@ -442,7 +443,7 @@ def main() -> None:
             except Exception as e:  # (the exporter's own failures: not korch's)
                 first = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines()[0]  # (no terminal colours)
                 line = f"{type(e).__name__}: {first[:120]}"
-            print(f"{name:14s} {path:8s} {line} {time.perf_counter() - started:5.1f}", flush=True)
+            print(f"{name:{width}s} {path:8s} {line} {time.perf_counter() - started:5.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,11 @@ def fission(
     model: str | os.PathLike,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     strict: bool = False,
+    values: Mapping[str, object] | None = None,
 ) -> FissionResult:
-    """Import an ONNX model and split every operator into primitives."""
-    return import_onnx(model, shapes=shapes, strict=strict)
+    """Import an ONNX model and split every operator into primitives. `values={"flag": True}` pins
+    an input to a value (broadcast to its shape): it becomes a constant of the model."""
+    return import_onnx(model, shapes=shapes, strict=strict, values=values)
 
 
 def check_fission(result: FissionResult, seed: int = 0) -> float:
@@ -38,10 +40,11 @@ def check_fission(result: FissionResult, seed: int = 0) -> float:
     return check.compare_outputs(got, want)
 
 
-def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, **options):
+def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, values=None, **options):
     """Optimize an ONNX model (path, bytes or ModelProto; `shapes={"x": (1, 3, 224, 224)}` pins
-    symbolic input dimensions), or a torch.nn.Module with example inputs (a tensor or a tuple of
-    them, fixing the shapes), into a runnable, saveable Plan. `options` are OptimizeOptions'
+    symbolic input dimensions, `values={"use_cache_branch": False}` pins inputs to values), or a
+    torch.nn.Module with example inputs (a tensor or a tuple of them, fixing the shapes), into a
+    runnable, saveable Plan. `options` are OptimizeOptions'
     fields (backends="onnxruntime,vendor", time_budget=60, cache=..., ...)."""
     from korch.pipeline import OptimizeOptions, optimize_fission
     from korch.pipeline import optimize as _optimize
@@ -53,6 +56,8 @@ def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, **opt
         opts.check_device()  # (korch.pipeline.optimize checks it for an ONNX model)
         if example_inputs is None:
             raise KorchError("a PyTorch module needs example_inputs (they fix the input shapes)")
+        if shapes is not None or values is not None:
+            raise KorchError("shapes= and values= are for ONNX models; a module's example_inputs fix both")
         if not isinstance(example_inputs, (tuple, list)):
             example_inputs = (example_inputs,)
         return optimize_fission(import_torch(model, example_inputs), opts)
@@ -63,7 +68,7 @@ def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, **opt
         )
     if example_inputs is not None:
         raise KorchError("example_inputs are for PyTorch modules; ONNX models take shapes=")
-    return _optimize(model, shapes=shapes, options=opts)
+    return _optimize(model, shapes=shapes, options=opts, values=values)
 
 
 def _known_options(options: dict, cls) -> dict:

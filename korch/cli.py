@@ -36,7 +36,7 @@ def cmd_fission(args) -> int:
     from korch.profiler import graph_tolerance
 
     start = time.perf_counter()
-    result = korch.fission(args.model, shapes=_shapes(args), strict=args.strict)
+    result = korch.fission(args.model, shapes=_shapes(args), values=_values(args), strict=args.strict)
     seconds = time.perf_counter() - start
     graph = result.graph
     for warning in result.warnings:
@@ -79,7 +79,7 @@ def cmd_candidates(args) -> int:
 
     if args.max_size < 1:
         raise KorchError("--max-size must be at least 1")
-    result = korch.fission(args.model, shapes=_shapes(args), strict=args.strict)
+    result = korch.fission(args.model, shapes=_shapes(args), values=_values(args), strict=args.strict)
     found = enumerate_candidates(result.graph, CandidateOptions(max_size=args.max_size))
     payload = found.summary()
     pruned = ", ".join(f"{k} {v}" for k, v in payload["pruned"].items()) or "none"
@@ -88,6 +88,9 @@ def cmd_candidates(args) -> int:
         f"{payload['candidates']} candidates ({payload['unique_candidates']} unique) "
         f"in {payload['seconds']:.2f}s\npruned: {pruned}"
     )
+    note = found.lowered_note(args.max_size, CandidateOptions.max_per_partition)
+    if note:  # (on stderr: the JSON object is the contract's)
+        _log(args, f"note: {note}")
     _emit(args, payload, human)
     return 0
 
@@ -118,7 +121,9 @@ def cmd_optimize(args) -> int:
         ray_address=args.ray_address or os.environ.get("RAY_ADDRESS") or None,
     )
     options.check_device("--device")
-    plan = optimize(args.model, shapes=_shapes(args), options=options, strict=args.strict)
+    plan = optimize(
+        args.model, shapes=_shapes(args), values=_values(args), options=options, strict=args.strict
+    )
     try:
         plan.save(args.output)
     except OSError as e:  # the place was writable when checked, minutes ago
@@ -175,6 +180,16 @@ def cmd_optimize(args) -> int:
 def _names(text: str) -> tuple[str, ...]:
     """A comma-separated list (--backends, --vs), blanks dropped."""
     return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _values(args) -> dict:
+    """--value pins by input name; one input named twice is a mistake, as for --shape."""
+    pins: dict = {}
+    for name, value in args.value or []:
+        if name in pins and pins[name] != value:
+            raise KorchError(f"--value {name} given twice: {pins[name]} and {value}")
+        pins[name] = value
+    return pins
 
 
 def _shapes(args) -> dict:
@@ -341,7 +356,7 @@ def cmd_bench(args) -> int:
             time_budget=args.time_budget,
         )
         options.check_device("--device")
-        plan = optimize(target, shapes=_shapes(args), options=options)
+        plan = optimize(target, shapes=_shapes(args), values=_values(args), options=options)
     report = bench(plan, peers, rounds=args.rounds)
     width = max(len(n) for n in report["results"])
     lines = [f"{'system':{width}s} {'median ms':>10s} {'min ms':>9s} {'max ms':>9s} {'rel err':>9s}"]
@@ -363,7 +378,12 @@ def _device_key(device: str) -> str:
 
 
 # korch bench's flags that only apply when it optimizes a model
-_MODEL_ONLY_BENCH_FLAGS = {"--time-budget": "time_budget", "--shape": "shape", "--cache": "cache"}
+_MODEL_ONLY_BENCH_FLAGS = {
+    "--time-budget": "time_budget",
+    "--shape": "shape",
+    "--value": "value",
+    "--cache": "cache",
+}
 
 
 def cmd_explain(args) -> int:

@@ -36,6 +36,21 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def _parse_value(text: str) -> tuple[str, bool | int | float]:
+    """--value NAME=V: true, false or a number, for every element of the input."""
+    name, sep, word = text.rpartition("=")
+    literals = {"true": True, "false": False}
+    try:
+        if not sep or not name:
+            raise ValueError
+        value = literals[word.lower()] if word.lower() in literals else float(word)
+        if isinstance(value, float) and value.is_integer() and not any(c in word.lower() for c in ".en"):
+            value = int(word)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--value wants NAME=true|false|NUMBER, got {text!r}") from None
+    return name, value
+
+
 def _path(text: str) -> str:
     """An argparse type: a file name, not an empty string (which a shell variable left unset gives)."""
     if not text.strip():
@@ -68,8 +83,20 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         metavar="NAME=D0xD1x...",
         help="pin an input's shape (repeatable)",
     )
+    _value_arg(p)
     p.add_argument("--strict", action="store_true", help="fail instead of keeping operators opaque")
     _output_args(p)
+
+
+def _value_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--value",
+        action="append",
+        type=_parse_value,
+        metavar="NAME=V",
+        help="pin an input to a value in every element (true, false or a number; repeatable): it "
+        "becomes a constant of the model, and an If on it keeps only the branch it takes",
+    )
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
@@ -183,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-budget", type=_at_least(0.0, float), help="seconds of profiling when optimizing a model"
     )
     p.add_argument("--shape", action="append", type=_parse_shape, metavar="NAME=D0xD1x...")
+    _value_arg(p)
     _output_args(p)
 
     p = sub.add_parser("explain", help="what a plan chose and why: kernels, alternatives, graph")

@@ -237,10 +237,11 @@ def optimize(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     options: OptimizeOptions = OptimizeOptions(),
     strict: bool = False,
+    values: Mapping[str, object] | None = None,
 ) -> Plan:
     started = time.perf_counter()
     options.check_device()  # before the import: a missing GPU should not cost a fission first
-    return optimize_fission(import_onnx(model, shapes=shapes, strict=strict), options, started)
+    return optimize_fission(import_onnx(model, shapes=shapes, strict=strict, values=values), options, started)
 
 
 def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: float | None = None) -> Plan:
@@ -253,7 +254,11 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
         graph, rewrites = (
             rewrite(fission.graph, Timer(options.device, db)) if options.rewrite else (fission.graph, [])
         )
-        found = enumerate_candidates(graph, CandidateOptions(max_size=options.max_size))
+        bounds = CandidateOptions(max_size=options.max_size)
+        found = enumerate_candidates(graph, bounds)
+        note = found.lowered_note(bounds.max_size, bounds.max_per_partition)
+        if note:
+            _say(options, note)
         alone = unfused(graph, [b.name for b in backends])
         seeds = add_seeds(graph, found, alone) if options.seeds else 0
         specs = {}

@@ -119,6 +119,52 @@ def test_every_single_primitive_is_a_candidate():
     assert singles == {(i,) for i in range(len(graph.nodes))}
 
 
+def _fan_out(chains=5, length=2):
+    """One value read by `chains` chains of elementwise primitives summed pairwise at the end (an
+    unrolled scan's gathers from one tensor): connected sets through the hub grow combinatorially."""
+    b = GraphBuilder()
+    (hub,) = b.emit(Prim.EXP, [b.input("x", T)])
+    ends = []
+    for _ in range(chains):
+        v = hub
+        for _ in range(length):
+            (v,) = b.emit(Prim.NEG, [v])
+        ends.append(v)
+    total = ends[0]
+    for v in ends[1:]:
+        (total,) = b.emit(Prim.ADD, [total, v])
+    return b.build([total], ["y"])
+
+
+@pytest.mark.parametrize("cap", [40, 115, 300])
+def test_a_dense_partition_gets_the_largest_size_bound_under_the_cap(cap):
+    """The sets are exactly brute force's at the lowered bound, which is the largest whose sets
+    number no more than the cap (and every primitive keeps its single)."""
+    graph = _fan_out()
+    options = CandidateOptions(max_size=8, max_per_partition=cap)
+    result = enumerate_candidates(graph, options)
+    (part,) = result.partitions
+    bound = result.lowered[part.index]
+    assert bound < 8 and list(result.lowered) == [part.index]
+
+    def exact(size):
+        return brute_force(graph, CandidateOptions(max_size=size), [(part.start, part.stop)])
+
+    assert {frozenset(c.nodes) for c in result.candidates} == exact(bound)
+    assert len(exact(bound)) <= cap < len(exact(bound + 1))
+    assert f"bound lowered: 0 ({len(graph.nodes)} primitives) to {bound}" in result.lowered_note(8, cap)
+    unbounded = enumerate_candidates(graph, CandidateOptions(max_size=8))
+    assert not unbounded.lowered and unbounded.lowered_note(8, cap) is None
+    assert {frozenset(c.nodes) for c in unbounded.candidates} == exact(8)
+
+
+def test_singles_stay_when_even_they_pass_the_cap():
+    graph = _fan_out()
+    result = enumerate_candidates(graph, CandidateOptions(max_size=8, max_per_partition=5))
+    assert sorted(c.nodes for c in result.candidates) == [(i,) for i in range(len(graph.nodes))]
+    assert result.lowered == {0: 1}
+
+
 def _two_blocks(scale_a=0.5, scale_b=0.5):
     b = GraphBuilder()
     x = b.input("x", T)

@@ -1,13 +1,14 @@
-"""ONNX import: shape pins (--shape, shapes=) fix symbolic dimensions and never contradict the model."""
+"""ONNX import: shape pins (--shape, shapes=) fix symbolic dimensions and never contradict the model;
+value pins (--value, values=) make inputs constants; an If whose condition folds is its branch."""
 
 import numpy as np
 import onnx
 import pytest
-from helpers import onnx_model
+from helpers import check_model, onnx_model
 from onnx import TensorProto, helper, numpy_helper
 
 import korch
-from korch import check, cli
+from korch import check, cli, reference
 from korch.errors import KorchError, ShapeError
 from korch.plan import Plan
 
@@ -110,3 +111,117 @@ def test_a_scalar_input_survives_a_saved_plan(tmp_path):
     got = loaded.run(feeds)["y"]
     assert got.shape == () and got == want == 9.0
     assert loaded.verify() == 0.0
+
+
+def _branching(x_shape, flag: bool) -> onnx.ModelProto:
+    """(y, z) = If(cond, then: (relu(x * c), x + 1) with c a branch initializer, else: an inner If
+    on not(cond) whose then-branch reads the outer graph's x: (sigmoid(-x), x - 1)); cond is the
+    input `flag` or, without it, x's first dimension > 2 (folded from the pinned shape)."""
+    out = [helper.make_tensor_value_info(n, F, None) for n in ("y", "z")]
+
+    def branch(name, nodes, outs, inits=()):
+        return helper.make_graph(
+            nodes, name, [], [helper.make_tensor_value_info(o, F, None) for o in outs], inits
+        )
+
+    c = numpy_helper.from_array(np.array([0.5, -1.0, 2.0, 3.0], "float32"), "c")
+    then = branch(
+        "then",
+        [
+            helper.make_node("Mul", ["x", "c"], ["xc"]),
+            helper.make_node("Relu", ["xc"], ["ty"]),
+            helper.make_node("Add", ["x", "one"], ["tz"]),
+        ],
+        ["ty", "tz"],
+        [c],
+    )
+    inner_then = branch("inner_then", [helper.make_node("Sigmoid", ["neg"], ["iy"])], ["iy"])
+    inner_then.node.append(helper.make_node("Sub", ["x", "one"], ["iz"]))
+    inner_then.output.append(helper.make_tensor_value_info("iz", F, None))
+    inner_else = branch(
+        "inner_else",
+        [helper.make_node("Tanh", ["neg"], ["jy"]), helper.make_node("Identity", ["x"], ["jz"])],
+        ["jy", "jz"],
+    )
+    otherwise = branch(
+        "else",
+        [
+            helper.make_node("Neg", ["x"], ["neg"]),
+            helper.make_node("Not", ["cond"], ["not_cond"]),
+            helper.make_node(
+                "If", ["not_cond"], ["ey", "ez"], then_branch=inner_then, else_branch=inner_else, name="inner"
+            ),
+        ],
+        ["ey", "ez"],
+    )
+    nodes = [helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(np.float32(1.0)))]
+    inputs = [helper.make_tensor_value_info("x", F, x_shape)]
+    if flag:
+        inputs.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, [1]))
+        nodes.append(helper.make_node("Identity", ["flag"], ["cond"]))
+    else:
+        nodes += [
+            helper.make_node("Shape", ["x"], ["shape"], start=0, end=1),
+            helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.array([2], "int64"))),
+            helper.make_node("Greater", ["shape", "two"], ["cond"]),
+        ]
+    nodes.append(
+        helper.make_node("If", ["cond"], ["y", "z"], then_branch=then, else_branch=otherwise, name="outer")
+    )
+    return onnx_model(helper.make_graph(nodes, "g", inputs, out))
+
+
+@pytest.mark.parametrize("batch", [3, 1], ids=["then", "else"])
+def test_an_if_whose_condition_folds_from_a_pinned_shape_is_its_branch(batch):
+    x = np.random.default_rng(batch).standard_normal((batch, 4)).astype("float32")
+    result = check_model(_branching([batch, 4], flag=False), {"x": x})  # (against ONNX Runtime)
+    assert not result.opaque and {n.prim for n in result.graph.nodes}.isdisjoint({korch.Prim.OPAQUE})
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_pinned_value_selects_the_branch_of_an_if_on_it(flag, tmp_path):
+    """optimum's merged decoders: one If on a use_cache_branch input. The oracle is ONNX Runtime
+    on the model as given, fed the flag; the plan takes x alone."""
+    model = _branching(["batch", 4], flag=True)
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype("float32")
+    want = check.onnxruntime_outputs(model, {"x": x, "flag": np.array([flag])})
+    result = korch.fission(model, shapes={"x": (2, 4)}, values={"flag": flag})
+    assert result.graph.inputs == ("x",) and [i.name for i in result.model.graph.input] == ["x"]
+    got = reference.run(result.graph, {"x": x})
+    for name in ("y", "z"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7)
+    options = dict(backends="onnxruntime,inductor", time_budget=2, min_time=0.002, progress=False)
+    plan = korch.optimize(
+        model, shapes={"x": (2, 4)}, values={"flag": [flag]}, cache=tmp_path / "db", **options
+    )
+    assert [n for n, _ in plan.inputs] == ["x"]
+    np.testing.assert_allclose(plan(x=x)[0], want["y"], rtol=1e-6, atol=1e-7)
+
+
+def test_an_if_on_a_value_known_at_run_time_is_refused_with_the_way_out(tmp_path, capsys):
+    model = _branching([2, 4], flag=True)
+    with pytest.raises(KorchError, match="condition 'cond' is known only at run time"):
+        korch.fission(model)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    assert cli.main(["fission", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--value NAME=V" in err and "values={'NAME': V}" in err
+    assert cli.main(["fission", str(path), "--value", "flag=true", "-q"]) == 0
+    assert cli.main(["fission", str(path), "--value", "flag=maybe"]) == 2
+    assert "--value wants NAME=true|false|NUMBER" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "shape, values, message",
+    [
+        ([2, 4], {"nope": 1}, "values name 'nope', which is not an input"),
+        ([2, 4], {"flag": 2}, "value of 'flag': 2 is not a bool"),
+        ([2, 4], {"x": [1.0, 2.0]}, "value of 'x': not a float32 array of shape [2, 4]"),
+        (["batch", 4], {"x": 0.5}, "the value of 'x' needs its shape"),
+    ],
+)
+def test_a_value_pin_that_does_not_fit_the_input_is_refused(shape, values, message):
+    with pytest.raises(ShapeError) as e:
+        korch.fission(_branching(shape, flag=True), values=values)
+    assert message in str(e.value)

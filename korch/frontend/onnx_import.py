@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 from collections.abc import Mapping
@@ -15,14 +14,14 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from korch.check import integer_division
-from korch.errors import KorchError, ShapeError, Unsupported, error_line
+from korch.errors import KorchError, Unsupported, error_line
 from korch.frontend.lowering import Attributes, Lowering, OnnxNode, find_rule
+from korch.frontend.onnx_pins import MAX_TENSOR_BYTES, input_types, pin_shapes, pin_values
 from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
 from korch.ir import Graph, GraphBuilder, verify
 from korch.prims import Prim, TensorType
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
-MAX_TENSOR_BYTES = 2**36  # no value may be larger: more than any machine korch runs on holds
 
 
 @dataclass
@@ -100,92 +99,6 @@ def skeleton(model: onnx.ModelProto, keep: int = 4096) -> onnx.ModelProto:
     return out
 
 
-# The two spellings of a pin, named in errors: the importer cannot tell who called it.
-PIN_HELP = "--shape NAME=1x3x224x224 on the command line, shapes={'NAME': (1, 3, 224, 224)} in Python"
-
-
-def _input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, TensorType]:
-    """Static types for the graph inputs, with user-pinned shapes; symbolic dims must be pinned."""
-    initializers = {t.name for t in model.graph.initializer}
-    real = [i for i in model.graph.input if i.name not in initializers]
-    unknown = set(shapes) - {i.name for i in real}
-    if unknown:
-        raise ShapeError(f"shapes name unknown inputs {sorted(unknown)}; inputs: {[i.name for i in real]}")
-    types, unpinned = {}, []
-    for inp in real:
-        tt = inp.type.tensor_type
-        if not inp.type.HasField("tensor_type"):
-            raise KorchError(f"input {inp.name!r} is not a tensor")
-        dtype = onnx_dtype(tt.elem_type)
-        if inp.name in shapes:
-            types[inp.name] = TensorType(_pinned_shape(inp, shapes[inp.name]), dtype)
-            continue
-        if not tt.HasField("shape"):
-            unpinned.append(f"{inp.name}[unknown rank]")
-            continue
-        dims = []
-        for i, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value") and d.dim_value >= 0:
-                dims.append(int(d.dim_value))
-            else:
-                unpinned.append(f"{inp.name}[{i}]={d.dim_param or '?'}")
-        types[inp.name] = TensorType(tuple(dims), dtype) if len(dims) == len(tt.shape.dim) else None
-    if unpinned:
-        raise ShapeError(f"symbolic input dimensions {', '.join(unpinned)} must be pinned, e.g. {PIN_HELP}")
-    for name, t in types.items():
-        if t.nbytes > MAX_TENSOR_BYTES:
-            raise KorchError(f"input {name!r} of shape {list(t.shape)} is too large ({t.nbytes} bytes)")
-    _check_initializer_defaults(model)
-    return types
-
-
-def _pinned_shape(inp: onnx.ValueInfoProto, pin) -> tuple[int, ...]:
-    """A pin may fix the model's symbolic dimensions, never contradict its fixed ones: running a
-    4x16 model on 8x16 inputs silently computes something the model never promised."""
-    try:
-        pinned = tuple(int(d) for d in pin)
-    except (TypeError, ValueError):
-        raise ShapeError(f"shape of {inp.name}: wants a tuple of ints, got {pin!r}") from None
-    if any(d < 0 for d in pinned):
-        raise ShapeError(f"shape of {inp.name}: negative dimension in {list(pinned)}")
-    tt = inp.type.tensor_type
-    if not tt.HasField("shape"):  # unknown rank: the pin says it all
-        return pinned
-    if len(tt.shape.dim) != len(pinned):
-        raise ShapeError(f"shape of {inp.name}: rank {len(pinned)}, the model says {len(tt.shape.dim)}")
-    for i, (dim, got) in enumerate(zip(tt.shape.dim, pinned)):
-        # a 0 stays pinnable: some exporters wrote 0 for "set by the user" (Paddle2ONNX #53)
-        if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != got:
-            raise ShapeError(f"shape of {inp.name}: dimension {i} is {dim.dim_value} in the model, got {got}")
-    return pinned
-
-
-def _check_initializer_defaults(model: onnx.ModelProto) -> None:
-    """An initializer named like a graph input is that input's default: their types must agree."""
-    declared = {i.name: i.type.tensor_type for i in model.graph.input}
-    for init in model.graph.initializer:
-        tt = declared.get(init.name)
-        if tt is None or not tt.HasField("shape"):
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-        if len(dims) != len(init.dims) or any(d is not None and d != i for d, i in zip(dims, init.dims)):
-            raise KorchError(
-                f"initializer {init.name!r} has shape {list(init.dims)}, its graph input declares {dims}"
-            )
-
-
-def _pin(model: onnx.ModelProto, types: Mapping[str, TensorType], owned: bool) -> onnx.ModelProto:
-    pinned = model if owned else copy.deepcopy(model)
-    for inp in pinned.graph.input:
-        if inp.name in types:
-            shape = inp.type.tensor_type.shape
-            shape.Clear()
-            shape.SetInParent()  # an empty shape is rank 0; a missing one would be unknown rank
-            for d in types[inp.name].shape:
-                shape.dim.add().dim_value = d
-    return pinned
-
-
 def _inferred_types(model: onnx.ModelProto) -> dict[str, TensorType]:
     """ONNX's own shape inference, used to cross-check every fission rule's output types."""
     try:
@@ -208,26 +121,33 @@ def import_onnx(
     source: str | os.PathLike | onnx.ModelProto,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     strict: bool = False,
+    values: Mapping[str, object] | None = None,
 ) -> FissionResult:
-    """Load an ONNX model and lower every node through the fission registry."""
+    """Load an ONNX model and lower every node through the fission registry. `values` pins inputs
+    to values (array-likes, broadcast to the input's shape): each becomes a constant of the model."""
     try:
-        return _import_onnx(source, shapes, strict)
+        return _import_onnx(source, shapes, strict, values)
     except UnicodeDecodeError as e:
         # protobuf decodes a string field (a graph, node or value name) only when it is read:
         # damaged bytes there load fine and fail anywhere later
         raise KorchError(f"not a valid ONNX model: a name is not UTF-8 text ({error_line(e)})") from None
 
 
-def _import_onnx(source, shapes: Mapping[str, tuple[int, ...]] | None, strict: bool) -> FissionResult:
+def _import_onnx(source, shapes, strict: bool, values) -> FissionResult:
     model = load_model(source)
+    owned = not isinstance(source, onnx.ModelProto)  # (the caller's model is copied, not changed)
+    shapes = dict(shapes or {})
+    if values:
+        model, owned = pin_values(model, values, shapes, owned), True
+        shapes = {n: s for n, s in shapes.items() if n not in values}
     opsets = {o.domain: o.version for o in model.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx"))
     if opset is None:
         raise KorchError("the model imports no default-domain opset")
     if opset > onnx.defs.onnx_opset_version():
         raise KorchError(f"opset {opset} is newer than this ONNX ({onnx.defs.onnx_opset_version()})")
-    types = _input_types(model, shapes or {})
-    model = _pin(model, types, owned=not isinstance(source, onnx.ModelProto))
+    types = input_types(model, shapes)
+    model = pin_shapes(model, types, owned)
     expected = _inferred_types(skeleton(model))
 
     b = GraphBuilder()
@@ -239,25 +159,9 @@ def _import_onnx(source, shapes: Mapping[str, tuple[int, ...]] | None, strict: b
             env[init.name] = b.const(numpy_helper.to_array(init))
         except (KorchError, ValueError) as e:
             raise KorchError(f"initializer {init.name!r}: {error_line(e)}") from None
-    ctx = Lowering(b)
-    opaque: list[tuple[str, str]] = []
-    warnings: list[str] = []
-    for node in model.graph.node:
-        where = f"node {node.name or '?'!r} ({node.op_type}, opset {opsets.get(node.domain, opset)})"
-        b.origin = f"{node.op_type}:{node.name}"
-        first = len(b.nodes)
-        try:
-            outs = _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model)
-            _check_divisors(b, b.nodes[first:])
-        except Unsupported as e:
-            raise KorchError(f"{where}: {e}") from None
-        except KorchError as e:
-            raise KorchError(f"{where}: {e}") from None
-        for name, value in zip(node.output, outs):
-            if name:
-                _check_type(where, name, b.types[value], expected, warnings)
-                _check_size(where, name, b.types[value])
-                env[name] = value
+    scope = _Scope(model, opsets, opset, strict, expected)
+    _lower_nodes(Lowering(b), model.graph.node, env, scope)
+    opaque, warnings = scope.opaque, scope.warnings
     missing = [o.name for o in model.graph.output if o.name not in env]
     if missing:
         raise KorchError(f"graph outputs {missing} are never computed")
@@ -300,7 +204,77 @@ def _check_size(where: str, name: str, t: TensorType) -> None:
         raise KorchError(f"{where}: output {name!r} of shape {list(t.shape)} is too large ({t.nbytes} bytes)")
 
 
-def _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model) -> list[str]:
+@dataclass
+class _Scope:
+    """What lowering a node reads besides its inputs (the model, its opsets, ONNX's shape
+    inference), and where its refusals and warnings go."""
+
+    model: onnx.ModelProto
+    opsets: dict[str, int]
+    opset: int
+    strict: bool
+    expected: dict[str, TensorType]
+    opaque: list[tuple[str, str]] = field(default_factory=list)  # (op type, reason)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _lower_nodes(ctx: Lowering, nodes, env: dict[str, str], scope: _Scope) -> None:
+    """Lower `nodes` in order, naming their outputs in `env` (ONNX name -> primitive value)."""
+    b = ctx.b
+    for node in nodes:
+        version = scope.opsets.get(node.domain, scope.opset)
+        where = f"node {node.name or '?'!r} ({node.op_type}, opset {version})"
+        b.origin = f"{node.op_type}:{node.name}"
+        first = len(b.nodes)
+        try:
+            outs = _lower_node(ctx, node, env, scope)
+            _check_divisors(b, b.nodes[first:])
+        except Unsupported as e:
+            raise KorchError(f"{where}: {e}") from None
+        except KorchError as e:
+            raise KorchError(f"{where}: {e}") from None
+        for name, value in zip(node.output, outs):
+            if name:
+                _check_type(where, name, b.types[value], scope.expected, scope.warnings)
+                _check_size(where, name, b.types[value])
+                env[name] = value
+
+
+def _lower_if(ctx: Lowering, node, env: dict[str, str], scope: _Scope) -> list[str]:
+    """An If whose condition is known at import (a constant, or folded from pinned shapes or
+    pinned input values) is the branch it takes: its nodes are lowered in place, reading the
+    enclosing graph's values. A condition known only at run time is refused."""
+    if not node.input or node.input[0] not in env:
+        raise KorchError("its condition is not defined before this node")
+    cond = ctx.const_value(env[node.input[0]])
+    if cond is None:
+        raise KorchError(
+            f"its condition {node.input[0]!r} is known only at run time: korch takes the branch of an If "
+            "whose condition folds to a constant (pin the inputs it depends on: --value NAME=V on the "
+            "command line, values={'NAME': V} in Python)"
+        )
+    if np.size(cond) != 1:
+        raise KorchError(f"its condition {node.input[0]!r} has {np.size(cond)} elements, not one")
+    taken = "then_branch" if bool(np.asarray(cond).reshape(())) else "else_branch"
+    branch = next((a.g for a in node.attribute if a.name == taken), None)
+    if branch is None:
+        raise KorchError(f"it has no {taken}")
+    if len(branch.output) != len(node.output):
+        raise KorchError(f"its {taken} has {len(branch.output)} outputs, the node {len(node.output)}")
+    inner = dict(env)  # (the enclosing graph's names are visible in the branch)
+    for init in branch.initializer:
+        inner[init.name] = ctx.b.const(numpy_helper.to_array(init))
+    _lower_nodes(ctx, branch.node, inner, scope)
+    missing = [o.name for o in branch.output if o.name not in inner]
+    if missing:
+        raise KorchError(f"its {taken} never computes {missing}")
+    return [inner[o.name] for o in branch.output]
+
+
+def _lower_node(ctx, node, env, scope: _Scope) -> list[str]:
+    opsets, opset = scope.opsets, scope.opset
+    if node.op_type == "If" and node.domain in DEFAULT_DOMAINS:
+        return _lower_if(ctx, node, env, scope)
     inputs = []
     for name in node.input:
         if not name:
@@ -339,10 +313,10 @@ def _lower_node(ctx, node, env, opsets, opset, strict, opaque, expected, model) 
             reason = str(e)
     else:
         reason = "no fission rule"
-    if strict:
+    if scope.strict:
         raise Unsupported(f"{reason} (--strict forbids opaque operators)")
-    opaque.append((node.op_type, reason))
-    return _opaque(ctx, node, inputs, expected, model)
+    scope.opaque.append((node.op_type, reason))
+    return _opaque(ctx, node, inputs, scope.expected, scope.model)
 
 
 def _ignored_attributes(node, attrs: Attributes, version: int) -> str | None:
