@@ -39,16 +39,18 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
 def _parse_value(text: str) -> tuple[str, bool | int | float]:
     """--value NAME=V: true, false or a number, for every element of the input."""
     name, sep, word = text.rpartition("=")
-    literals = {"true": True, "false": False}
+    word = word.strip().lower()
     try:
         if not sep or not name:
             raise ValueError
-        value = literals[word.lower()] if word.lower() in literals else float(word)
-        if isinstance(value, float) and value.is_integer() and not any(c in word.lower() for c in ".en"):
-            value = int(word)
+        if word in ("true", "false"):
+            return name, word == "true"
+        try:
+            return name, int(word)  # (an int64 past 2**53 stays exact)
+        except ValueError:
+            return name, float(word)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--value wants NAME=true|false|NUMBER, got {text!r}") from None
-    return name, value
 
 
 def _path(text: str) -> str:

@@ -225,3 +225,99 @@ def test_a_value_pin_that_does_not_fit_the_input_is_refused(shape, values, messa
     with pytest.raises(ShapeError) as e:
         korch.fission(_branching(shape, flag=True), values=values)
     assert message in str(e.value)
+
+
+def _loop(stop: str, trips=None) -> onnx.ModelProto:
+    """(acc, stacked) = Loop(trips or x's row count, True, zeros(3)) over a body that reads the
+    outer graph's x at its iteration number: acc' = acc / 2 + x[i], scan output 2 acc'. The body's
+    condition: passed through ("never"), i < 2 ("early": three iterations), or sum(acc') > 0
+    ("data": known only at run time)."""
+    vi = helper.make_tensor_value_info
+    const = lambda name, value: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))  # noqa: E731
+    body_nodes = [
+        helper.make_node("Gather", ["x", "i"], ["row"], axis=0),
+        helper.make_node("Mul", ["acc", "half"], ["halved"]),
+        helper.make_node("Add", ["halved", "row"], ["acc_out"]),
+        const("two", np.float32(2.0)),
+        helper.make_node("Mul", ["acc_out", "two"], ["scan"]),
+    ]
+    if stop == "never":
+        body_nodes.append(helper.make_node("Identity", ["c_in"], ["c_out"]))
+    elif stop == "early":
+        body_nodes += [const("k", np.int64(2)), helper.make_node("Less", ["i", "k"], ["c_out"])]
+    else:
+        body_nodes += [
+            helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+            const("zero", np.float32(0.0)),
+            helper.make_node("Greater", ["total", "zero"], ["c_out"]),
+        ]
+    body = helper.make_graph(
+        body_nodes,
+        "body",
+        [vi("i", TensorProto.INT64, []), vi("c_in", TensorProto.BOOL, []), vi("acc", F, [3])],
+        [vi("c_out", TensorProto.BOOL, []), vi("acc_out", F, [3]), vi("scan", F, [3])],
+        [numpy_helper.from_array(np.float32(0.5), "half")],
+    )
+    if trips is None:  # the trip count folds from the pinned shape
+        nodes = [
+            helper.make_node("Shape", ["x"], ["rows1"], start=0, end=1),
+            helper.make_node("Squeeze", ["rows1"], ["m"]),
+        ]
+    else:
+        nodes = [const("m", np.int64(trips))]
+    nodes += [
+        const("go", np.array(True)),
+        const("acc0", np.zeros(3, "float32")),
+        helper.make_node("Loop", ["m", "go", "acc0"], ["acc_final", "stacked"], body=body, name="loop"),
+    ]
+    outputs = [vi("acc_final", F, None), vi("stacked", F, None)]
+    return onnx_model(helper.make_graph(nodes, "g", [vi("x", F, [5, 3])], outputs))
+
+
+@pytest.mark.parametrize("stop, trips, iterations", [("never", None, 5), ("never", 3, 3), ("early", None, 3)])
+def test_a_loop_that_korch_can_count_is_unrolled(stop, trips, iterations):
+    x = np.random.default_rng(3).standard_normal((5, 3)).astype("float32")
+    result = check_model(_loop(stop, trips), {"x": x})  # (against ONNX Runtime)
+    assert result.graph.types[result.graph.outputs[1]].shape == (iterations, 3)
+
+
+def test_a_loop_whose_condition_depends_on_data_is_refused():
+    with pytest.raises(KorchError, match="condition is known only at run time after iteration 0"):
+        korch.fission(_loop("data"))
+
+
+def _scan(in_axis: int, backwards: int, out_axis: int) -> onnx.ModelProto:
+    """(s, ys) = Scan(zeros(3), x) over x's axis `in_axis` (from its end if backwards): s' = s / 2
+    + x_t, y_t = 2 s', the ys stacked along `out_axis` in the same direction."""
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["s", "half"], ["halved"]),
+            helper.make_node("Add", ["halved", "xt"], ["s_out"]),
+            helper.make_node("Add", ["s_out", "s_out"], ["y"]),
+        ],
+        "body",
+        [vi("s", F, [3]), vi("xt", F, [3])],
+        [vi("s_out", F, [3]), vi("y", F, [3])],
+        [numpy_helper.from_array(np.float32(0.5), "half")],
+    )
+    scan = helper.make_node(
+        "Scan",
+        ["s0", "x"],
+        ["s_final", "ys"],
+        body=body,
+        num_scan_inputs=1,
+        scan_input_axes=[in_axis],
+        scan_input_directions=[backwards],
+        scan_output_axes=[out_axis],
+        scan_output_directions=[backwards],
+    )
+    s0 = numpy_helper.from_array(np.zeros(3, "float32"), "s0")
+    x = vi("x", F, [5, 3] if in_axis == 0 else [3, 5])
+    return onnx_model(helper.make_graph([scan], "g", [x], [vi("s_final", F, None), vi("ys", F, None)], [s0]))
+
+
+@pytest.mark.parametrize("in_axis, backwards, out_axis", [(0, 0, 0), (1, 1, -1), (0, 1, 1)])
+def test_a_scan_is_unrolled_over_its_pinned_length(in_axis, backwards, out_axis):
+    x = np.random.default_rng(4).standard_normal((5, 3) if in_axis == 0 else (3, 5)).astype("float32")
+    check_model(_scan(in_axis, backwards, out_axis), {"x": x}, tol=1e-6)  # (against ONNX Runtime)

@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 from korch.check import integer_division
 from korch.errors import KorchError, Unsupported, error_line
 from korch.frontend.lowering import Attributes, Lowering, OnnxNode, find_rule
+from korch.frontend.onnx_control import CONTROL_FLOW
 from korch.frontend.onnx_pins import MAX_TENSOR_BYTES, input_types, pin_shapes, pin_values
 from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
 from korch.ir import Graph, GraphBuilder, verify
@@ -240,41 +241,13 @@ def _lower_nodes(ctx: Lowering, nodes, env: dict[str, str], scope: _Scope) -> No
                 env[name] = value
 
 
-def _lower_if(ctx: Lowering, node, env: dict[str, str], scope: _Scope) -> list[str]:
-    """An If whose condition is known at import (a constant, or folded from pinned shapes or
-    pinned input values) is the branch it takes: its nodes are lowered in place, reading the
-    enclosing graph's values. A condition known only at run time is refused."""
-    if not node.input or node.input[0] not in env:
-        raise KorchError("its condition is not defined before this node")
-    cond = ctx.const_value(env[node.input[0]])
-    if cond is None:
-        raise KorchError(
-            f"its condition {node.input[0]!r} is known only at run time: korch takes the branch of an If "
-            "whose condition folds to a constant (pin the inputs it depends on: --value NAME=V on the "
-            "command line, values={'NAME': V} in Python)"
-        )
-    if np.size(cond) != 1:
-        raise KorchError(f"its condition {node.input[0]!r} has {np.size(cond)} elements, not one")
-    taken = "then_branch" if bool(np.asarray(cond).reshape(())) else "else_branch"
-    branch = next((a.g for a in node.attribute if a.name == taken), None)
-    if branch is None:
-        raise KorchError(f"it has no {taken}")
-    if len(branch.output) != len(node.output):
-        raise KorchError(f"its {taken} has {len(branch.output)} outputs, the node {len(node.output)}")
-    inner = dict(env)  # (the enclosing graph's names are visible in the branch)
-    for init in branch.initializer:
-        inner[init.name] = ctx.b.const(numpy_helper.to_array(init))
-    _lower_nodes(ctx, branch.node, inner, scope)
-    missing = [o.name for o in branch.output if o.name not in inner]
-    if missing:
-        raise KorchError(f"its {taken} never computes {missing}")
-    return [inner[o.name] for o in branch.output]
-
-
 def _lower_node(ctx, node, env, scope: _Scope) -> list[str]:
     opsets, opset = scope.opsets, scope.opset
-    if node.op_type == "If" and node.domain in DEFAULT_DOMAINS:
-        return _lower_if(ctx, node, env, scope)
+    if node.op_type in CONTROL_FLOW and node.domain in DEFAULT_DOMAINS:
+        version = opsets.get(node.domain, opset)
+        return CONTROL_FLOW[node.op_type](
+            ctx, node, env, lambda nodes, inner: _lower_nodes(ctx, nodes, inner, scope), version
+        )
     inputs = []
     for name in node.input:
         if not name:

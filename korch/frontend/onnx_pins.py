@@ -85,7 +85,9 @@ def pin_values(model: onnx.ModelProto, values: Mapping[str, object], shapes, own
             raise ShapeError(
                 f"value of {name!r}: not a {dtype} array of shape {list(shape)} ({error_line(e)})"
             ) from None
-        if given.dtype.kind in "biuf" and not np.array_equal(array, np.broadcast_to(given, shape)):
+        # a float rounds to a float type; a bool or an integer must hold the value (2 is no bool)
+        whole = array.dtype.kind in "biu" and given.dtype.kind in "biuf"
+        if whole and not np.array_equal(array, np.broadcast_to(given, shape)):
             raise ShapeError(f"value of {name!r}: {given.tolist()!r} is not a {dtype}")
         pinned.graph.initializer.append(numpy_helper.from_array(array, name))
         pinned.graph.input.remove(inp)
