@@ -59,6 +59,8 @@ def lower_loop(ctx: Lowering, node, env: dict[str, str], lower: LowerNodes, vers
         )
     if not ins[0] and not ins[1]:
         raise KorchError("it has neither a trip count nor a condition: it would never end")
+    if any(k is not None and np.size(k) != 1 for k in known):
+        raise KorchError("its trip count and condition must hold one element each")
     trips = int(np.asarray(known[0]).reshape(())) if ins[0] else MAX_UNROLL + 1
     going = bool(np.asarray(known[1]).reshape(())) if ins[1] else True
     body = next((a.g for a in node.attribute if a.name == "body"), None)
@@ -93,7 +95,11 @@ def lower_scan(ctx: Lowering, node, env: dict[str, str], lower: LowerNodes, vers
     if any(n not in env for n in node.input):
         raise KorchError("an input is not defined before this node")
     values = [env[n] for n in node.input]
+    if not 0 < m <= len(values):
+        raise KorchError(f"num_scan_inputs is {m}, and it has {len(values)} inputs")
     states, xs = values[: len(values) - m], values[len(values) - m :]
+    if any(ctx.rank(x) == 0 for x in xs):
+        raise KorchError("a scan input is a scalar: it has no axis to scan")
     n_scans = len(body.output) - len(states)
     in_axes = [a % ctx.rank(x) for a, x in zip(attrs.get("scan_input_axes", [0] * m), xs)]
     in_back = attrs.get("scan_input_directions", [0] * m)
