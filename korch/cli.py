@@ -182,26 +182,23 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
-def _values(args) -> dict:
-    """--value pins by input name; one input named twice is a mistake, as for --shape."""
+def _pins(pairs, flag: str, show=str) -> dict:
+    """(name, pin) pairs of a repeatable flag by input name; naming one input twice with two pins
+    is a mistake, not a last-one-wins."""
     pins: dict = {}
-    for name, value in args.value or []:
-        if name in pins and pins[name] != value:
-            raise KorchError(f"--value {name} given twice: {pins[name]} and {value}")
-        pins[name] = value
+    for name, pin in pairs or []:
+        if name in pins and pins[name] != pin:
+            raise KorchError(f"{flag} {name} given twice: {show(pins[name])} and {show(pin)}")
+        pins[name] = pin
     return pins
+
+
+def _values(args) -> dict:
+    return _pins(args.value, "--value")
 
 
 def _shapes(args) -> dict:
-    """--shape pins by input name; naming one input twice is a mistake, not a last-one-wins."""
-    pins: dict = {}
-    for name, dims in args.shape or []:
-        if name in pins and pins[name] != dims:
-            raise KorchError(
-                f"--shape {name} given twice: {'x'.join(map(str, pins[name]))} and {'x'.join(map(str, dims))}"
-            )
-        pins[name] = dims
-    return pins
+    return _pins(args.shape, "--shape", lambda dims: "x".join(map(str, dims)))
 
 
 def _check_plan_target(path) -> None:

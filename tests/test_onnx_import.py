@@ -135,9 +135,11 @@ def _branching(x_shape, flag: bool) -> onnx.ModelProto:
         ["ty", "tz"],
         [c],
     )
-    inner_then = branch("inner_then", [helper.make_node("Sigmoid", ["neg"], ["iy"])], ["iy"])
-    inner_then.node.append(helper.make_node("Sub", ["x", "one"], ["iz"]))
-    inner_then.output.append(helper.make_tensor_value_info("iz", F, None))
+    inner_then = branch(
+        "inner_then",
+        [helper.make_node("Sigmoid", ["neg"], ["iy"]), helper.make_node("Sub", ["x", "one"], ["iz"])],
+        ["iy", "iz"],
+    )
     inner_else = branch(
         "inner_else",
         [helper.make_node("Tanh", ["neg"], ["jy"]), helper.make_node("Identity", ["x"], ["jz"])],
@@ -233,7 +235,10 @@ def _loop(stop: str, trips=None) -> onnx.ModelProto:
     condition: passed through ("never"), i < 2 ("early": three iterations), or sum(acc') > 0
     ("data": known only at run time)."""
     vi = helper.make_tensor_value_info
-    const = lambda name, value: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))  # noqa: E731
+
+    def const(name, value):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))
+
     body_nodes = [
         helper.make_node("Gather", ["x", "i"], ["row"], axis=0),
         helper.make_node("Mul", ["acc", "half"], ["halved"]),

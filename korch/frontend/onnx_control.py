@@ -39,7 +39,7 @@ def lower_if(ctx: Lowering, node, env: dict[str, str], lower: LowerNodes, versio
         raise KorchError(f"it has no {taken}")
     if len(branch.output) != len(node.output):
         raise KorchError(f"its {taken} has {len(branch.output)} outputs, the node {len(node.output)}")
-    return _run_body(ctx, branch, env, {}, lower)
+    return _run_body(ctx, branch, env, [], lower)
 
 
 def lower_loop(ctx: Lowering, node, env: dict[str, str], lower: LowerNodes, version: int) -> list[str]:
@@ -72,9 +72,8 @@ def lower_loop(ctx: Lowering, node, env: dict[str, str], lower: LowerNodes, vers
     while going and i < trips:
         if i == MAX_UNROLL:
             raise KorchError(f"it runs more than {MAX_UNROLL} iterations: too many to unroll")
-        number, condition = (_scalar_like(body.input[k], x) for k, x in ((0, np.int64(i)), (1, going)))
-        fed = [ctx.const(number), ctx.const(condition), *carried]
-        outs = _run_body(ctx, body, env, dict(zip((vi.name for vi in body.input), fed)), lower)
+        number, condition = _scalar_like(body.input[0], np.int64(i)), _scalar_like(body.input[1], going)
+        outs = _run_body(ctx, body, env, [ctx.const(number), ctx.const(condition), *carried], lower)
         going = ctx.const_value(outs[0])
         if going is None:
             raise KorchError(f"its condition is known only at run time after iteration {i}")
@@ -116,7 +115,7 @@ def lower_scan(ctx: Lowering, node, env: dict[str, str], lower: LowerNodes, vers
         for x, axis, back in zip(xs, in_axes, in_back):
             piece = ctx.slice_axis(x, axis, length - 1 - t if back else t, 1)
             slices.append(ctx.reshape(piece, [d for i, d in enumerate(ctx.shape(piece)) if i != axis]))
-        outs = _run_body(ctx, body, env, dict(zip((vi.name for vi in body.input), states + slices)), lower)
+        outs = _run_body(ctx, body, env, states + slices, lower)
         states = outs[: len(states)]
         for stack, v in zip(scans, outs[len(states) :]):
             stack.append(v)
@@ -124,13 +123,15 @@ def lower_scan(ctx: Lowering, node, env: dict[str, str], lower: LowerNodes, vers
     return states + [_stack(ctx, *s) for s in zip(scans, out_axes, out_back)]
 
 
-def _run_body(ctx: Lowering, body: onnx.GraphProto, env: dict, fed: dict, lower: LowerNodes) -> list[str]:
+def _run_body(
+    ctx: Lowering, body: onnx.GraphProto, env: dict, fed: list[str], lower: LowerNodes
+) -> list[str]:
     """A branch's or an iteration's outputs: its nodes lowered where the enclosing graph's names,
-    its own initializers and the values `fed` to its inputs are visible."""
+    its own initializers and the values `fed` to its inputs, in order, are visible."""
     inner = dict(env)
     for init in body.initializer:
         inner[init.name] = ctx.b.const(numpy_helper.to_array(init))
-    inner.update(fed)
+    inner.update(zip((vi.name for vi in body.input), fed))
     lower(body.node, inner)
     missing = [o.name for o in body.output if o.name not in inner]
     if missing:
