@@ -36,13 +36,19 @@ from korch.candidates import CandidateSet
 from korch.errors import KorchError, first_line
 from korch.ir import Graph
 from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_graph_json, kernel_spec, runs_alone
-from korch.prims import from_npy
+from korch.prims import Prim, from_npy, is_float
 from korch.profile_db import Profile, ProfileDB
 from korch.worker_pool import WorkerPool, compile_threads
 
 # float16 carries about three decimal digits, bfloat16 two
 CHECK_TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2}
 DEFAULT_TOLERANCE = 1e-4
+# A graph that rounds float values to 8-bit integers (QuantizeLinear and its kin) moves a value by
+# one step, 1/256 of its range, wherever two correct orders of float arithmetic put it either side
+# of a rounding tie, and later layers carry the step on. ONNX Runtime's own results with and
+# without its QDQ fusions differ by up to 0.064 (models quantized by its tools: the README's tiny
+# Segformer 0.064, EfficientViT-B1 0.054, Segformer-B0 0.049, ResNet-50 0.007).
+QUANTIZED_TOLERANCE = 1e-1
 
 
 def tolerance(dtypes) -> float:
@@ -55,7 +61,16 @@ def graph_tolerance(graph: Graph) -> float:
     anywhere in it, not only among its outputs (a float32 output computed from bfloat16 values
     carries bfloat16's rounding: a Mixtral layer's last kernel, cast to float32 for the final
     norm, differed from the reference by 2.3e-3 and was refused at float32's 1e-4)."""
-    return tolerance(graph.dtypes())
+    limit = tolerance(graph.dtypes())
+    return max(limit, QUANTIZED_TOLERANCE) if quantizes(graph) else limit
+
+
+def quantizes(graph: Graph) -> bool:
+    """Whether the graph rounds float values to 8-bit integers (a cast from a float dtype)."""
+    return any(
+        n.prim is Prim.CAST and n.a["to"] in ("int8", "uint8") and is_float(graph.types[n.inputs[0]].dtype)
+        for n in graph.nodes
+    )
 
 
 # timings that decide most (the source model alone, and each plan in place in korch.pipeline) are
@@ -227,13 +242,17 @@ def _device_ms(fn, inputs, device: str, hold_ms: float) -> float:
     return device_intervals(device, hold_ms, run)[0]
 
 
-def check_kernel(outs, want, graph: Graph, discrete_mismatch: float = 0.0) -> str | None:
-    """None when every output matches the reference within tolerance, else the reason. Integer
-    and boolean outputs must match exactly, or up to a `discrete_mismatch` fraction of elements
-    (an argmax over near-ties, after a whole model computed two ways)."""
+def check_kernel(
+    outs, want, graph: Graph, discrete_mismatch: float = 0.0, tolerance: float = 0.0
+) -> str | None:
+    """None when every output matches the reference within tolerance (the graph's, or the given
+    one where larger), else the reason. Integer and boolean outputs must match exactly (8-bit
+    integers, quantized values, are compared as numbers: check.rel_err), or up to a
+    `discrete_mismatch` fraction of elements (an argmax over near-ties, after a whole model
+    computed two ways)."""
     if len(outs) != len(graph.outputs):
         return f"returned {len(outs)} outputs, expected {len(graph.outputs)}"
-    limit = graph_tolerance(graph)
+    limit = max(graph_tolerance(graph), tolerance)
     for got, name, v in zip(outs, graph.output_names, graph.outputs):
         t = graph.types[v]
         got = torch_ops.to_numpy(got) if isinstance(got, torch.Tensor) else np.asarray(got)
@@ -242,7 +261,7 @@ def check_kernel(outs, want, graph: Graph, discrete_mismatch: float = 0.0) -> st
         expected = np.asarray(want[name])
         if discrete_mismatch and (expected.dtype == bool or expected.dtype.kind in "iu"):
             wrong = float(np.mean(got != expected)) if expected.size else 0.0
-            if wrong > discrete_mismatch:
+            if wrong > discrete_mismatch and not check.rel_err(got, expected) <= limit:  # (8-bit: numbers)
                 return f"wrong result: {name} differs in {wrong:.1%} of its elements"
             continue
         err = check.rel_err(got, expected)
@@ -259,7 +278,7 @@ def _check_job(job: dict, graph: Graph, arrays: list[np.ndarray], outs) -> str |
         want = {name: _load(x) for name, x in job["want"].items()}
     else:
         want = reference.run(graph, dict(zip(graph.inputs, arrays)))
-    return check_kernel(outs, want, graph, job.get("discrete_mismatch", 0.0))
+    return check_kernel(outs, want, graph, job.get("discrete_mismatch", 0.0), job.get("tolerance", 0.0))
 
 
 def run_job(job: dict) -> dict:
@@ -515,6 +534,8 @@ def profile(
         scratch.cleanup()
         raise
 
+    whole_tolerance = graph_tolerance(graph)
+
     def make_job(spec: KernelSpec, backend: Backend, phase: str) -> dict:
         cls = type(backend)
         job = {
@@ -536,6 +557,7 @@ def profile(
             # the plan that may win alone: timed carefully
             job["spread_s"] = spread_s(options.min_time, options.time_budget)
             job["discrete_mismatch"] = SOURCE_DISCRETE_MISMATCH
+            job["tolerance"] = whole_tolerance  # (its one opaque node hides what the model computes)
         return job
 
     by_id = {(s.key, b.name): (s, b) for s, b in jobs}

@@ -291,6 +291,11 @@ class OnnxRuntimeBackend(Backend):
             return "a grouped matmul has no ONNX equivalent"
         if device == "cpu" and "bfloat16" in spec.graph.dtypes():
             return "ONNX Runtime has no bfloat16 kernels on a CPU"
+        if any(
+            n.prim in (Prim.CONV, Prim.CONV_TRANSPOSE) and spec.graph.types[n.outputs[0]].dtype == "float64"
+            for n in nodes
+        ):
+            return "ONNX Runtime has no float64 convolution (ConvInteger's exact sums)"
         if device.startswith("cuda"):
             import onnxruntime
 

@@ -7,6 +7,7 @@ from korch.frontend import (  # noqa: F401  (imported for their registrations)
     rules_layout,
     rules_linear,
     rules_pool,
+    rules_quant,
     rules_recurrent,
     rules_reduce,
     rules_resize,

@@ -324,13 +324,19 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
     """Keep the node whole: a one-node ONNX model that ONNX Runtime runs as its own kernel."""
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         raise KorchError("control flow operators are not supported")
-    present = [(n, v) for n, v in zip(node.input, inputs) if v is not None]
+    # each input its own name: a node may take one tensor twice (QLinearConcat's scales)
+    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
+    present = [(n, v) for n, v in zip(names, inputs) if v is not None]
     in_infos = [
         helper.make_tensor_value_info(n, to_onnx_dtype(ctx.dtype(v)), ctx.shape(v)) for n, v in present
     ]
     out_infos = [onnx.ValueInfoProto(name=o) for o in node.output if o]
+    alone = onnx.NodeProto()
+    alone.CopyFrom(node)
+    alone.ClearField("input")
+    alone.input.extend(names[: len(node.input)])
     one = helper.make_model(
-        helper.make_graph([node], "opaque", in_infos, out_infos),
+        helper.make_graph([alone], "opaque", in_infos, out_infos),
         opset_imports=list(model.opset_import),
         ir_version=model.ir_version,
     )

@@ -1,0 +1,377 @@
+"""Fission rules for quantized operators (QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
+MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv), checked against ONNX Runtime: integer
+outputs must be equal, element for element."""
+
+import numpy as np
+import onnx
+import pytest
+from helpers import Const, check_op, rand
+
+
+def ints(*shape, dtype="uint8", seed=0):
+    lo, hi = {"uint8": (0, 256), "int8": (-128, 128), "int16": (-32768, 32768), "int32": (-9999, 9999)}[dtype]
+    return np.random.default_rng(seed).integers(lo, hi, shape).astype(dtype)
+
+
+def dequant(inputs, attrs=None, opset=13, out_dtypes=("float32",)):
+    check_op("DequantizeLinear", inputs, attrs, opset=opset, out_dtypes=list(out_dtypes))
+
+
+def quant(inputs, attrs=None, opset=13, out_dtypes=None):
+    zero = inputs[2].value if len(inputs) > 2 else None
+    check_op("QuantizeLinear", inputs, attrs, opset=opset, out_dtypes=out_dtypes or [str(zero.dtype)])
+
+
+def scales(*shape, seed=0, dtype="float32"):
+    return np.random.default_rng(seed).uniform(0.002, 0.3, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32"])
+def test_dequantize_per_tensor(dtype):
+    zero = None if dtype == "int32" else Const(ints(dtype=dtype, seed=1))
+    dequant([ints(2, 3, 4, dtype=dtype), Const(scales()), zero], opset=21)
+
+
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_dequantize_per_axis(axis):
+    x = ints(2, 3, 4, dtype="int8")
+    n = x.shape[axis]
+    dequant(
+        [x, Const(scales(n)), Const(ints(n, dtype="int8", seed=2))],
+        {"axis": axis},
+        opset=13,
+    )
+
+
+def test_dequantize_blocked_with_a_partial_last_block():
+    x = ints(2, 7, 3, dtype="uint8")
+    inputs = [x, Const(scales(2, 3, 3)), Const(ints(2, 3, 3, seed=3))]
+    dequant(inputs, {"axis": 1, "block_size": 3}, opset=21)
+
+
+def test_dequantize_to_float16():
+    dequant(
+        [ints(4, 5), Const(scales(dtype="float16")), Const(ints(seed=1))], opset=19, out_dtypes=["float16"]
+    )
+
+
+def test_quantize_rounds_ties_to_even_and_saturates():
+    scale = np.float32(0.5)
+    x = np.array([0.25, 0.75, -0.25, -0.75, 1.25, 60.0, 70.0, -70.0, -64.25, 63.75], np.float32)
+    for dtype in ("uint8", "int8"):
+        zero = np.array(10 if dtype == "uint8" else -3, dtype)
+        quant([x, Const(np.array(scale)), Const(zero)], opset=13)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16"])
+def test_quantize_per_tensor(dtype):
+    x = rand(3, 50, 40, seed=4) * 30
+    quant([x, Const(scales(seed=5)), Const(ints(dtype=dtype, seed=6))], opset=21)
+
+
+def test_quantize_without_a_zero_point_is_uint8():
+    quant([rand(4, 6) * 20, Const(scales())], opset=10, out_dtypes=["uint8"])
+
+
+def test_quantize_per_axis_and_blocked():
+    x = rand(2, 8, 5, seed=7) * 10
+    quant([x, Const(scales(8)), Const(ints(8, dtype="int8"))], {"axis": 1}, opset=13)
+    blocked = [x, Const(scales(2, 3, 5)), Const(ints(2, 3, 5, dtype="int8"))]
+    quant(blocked, {"axis": 1, "block_size": 3}, opset=21)
+
+
+def test_quantize_float16():
+    x = (rand(5, 30) * 10).astype("float16")
+    quant([x, Const(scales(dtype="float16")), Const(ints(seed=8))], opset=19)
+
+
+@pytest.mark.parametrize("shape", [(3, 40, 7), (2, 2)])
+def test_dynamic_quantize_linear(shape):
+    check_op(
+        "DynamicQuantizeLinear",
+        [rand(*shape, seed=9) * 4 + 1],
+        opset=11,
+        n_outputs=3,
+        out_dtypes=["uint8", "float32", "uint8"],
+    )
+
+
+def test_dynamic_quantize_linear_all_positive():
+    check_op(
+        "DynamicQuantizeLinear",
+        [rand(6, 5, low=0.5, high=3.0)],
+        opset=11,
+        n_outputs=3,
+        out_dtypes=["uint8", "float32", "uint8"],
+    )
+
+
+@pytest.mark.parametrize(
+    "a_dtype,b_dtype,a_zero,b_zero",
+    [
+        ("uint8", "int8", "scalar", "scalar"),
+        ("uint8", "uint8", "scalar", "column"),
+        ("int8", "int8", None, None),
+    ],
+)
+def test_matmul_integer(a_dtype, b_dtype, a_zero, b_zero):
+    a, b = ints(6, 300, dtype=a_dtype), ints(300, 5, dtype=b_dtype, seed=1)
+    zeros = {"scalar": (), "row": (6,), "column": (5,)}
+    za = None if a_zero is None else Const(ints(*zeros[a_zero], dtype=a_dtype, seed=2))
+    zb = None if b_zero is None else Const(ints(*zeros[b_zero], dtype=b_dtype, seed=3))
+    check_op("MatMulInteger", [a, Const(b), za, zb], opset=10, out_dtypes=["int32"])
+
+
+def test_matmul_integer_batched():
+    a, b = ints(2, 4, 64), ints(64, 8, dtype="int8", seed=1)
+    check_op("MatMulInteger", [a, b, Const(ints(seed=2))], opset=10, out_dtypes=["int32"])
+
+
+@pytest.mark.parametrize(
+    "attrs", [{}, {"pads": [1, 2, 1, 0], "strides": [2, 1]}, {"group": 2, "pads": [1, 1, 1, 1]}]
+)
+def test_conv_integer(attrs):
+    x, w = ints(1, 4, 9, 8), ints(6, 4 // attrs.get("group", 1), 3, 3, seed=1)
+    check_op(
+        "ConvInteger",
+        [x, Const(w), Const(ints(seed=2)), Const(ints(seed=3))],
+        attrs,
+        opset=10,
+        out_dtypes=["int32"],
+    )
+
+
+def _qlinear(x, w, x_dtype, w_dtype, per_column, seed=0):
+    n = w.shape[0] if x.ndim == 4 else w.shape[1]
+    w_scale = scales(n, seed=seed) if per_column else scales(seed=seed)
+    w_zero = np.zeros(n, w_dtype) if per_column else ints(dtype=w_dtype, seed=seed + 1)
+    return [
+        x,
+        Const(scales(seed=seed + 2)),
+        Const(ints(dtype=x_dtype, seed=seed + 3)),
+        Const(w),
+        Const(w_scale * 0.02),
+        Const(w_zero),
+        Const(scales(seed=seed + 4) * 10),
+        Const(ints(dtype=x_dtype, seed=5)),
+    ]
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8")])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qlinear_matmul(x_dtype, w_dtype, per_column):
+    inputs = _qlinear(
+        ints(2, 7, 200, dtype=x_dtype), ints(200, 9, dtype=w_dtype, seed=1), x_dtype, w_dtype, per_column
+    )
+    check_op("QLinearMatMul", inputs, opset=10)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize(
+    "attrs", [{}, {"pads": [1, 1, 1, 1], "strides": [2, 2]}, {"group": 4, "pads": [1, 1, 1, 1]}]
+)
+def test_qlinear_conv(per_channel, attrs):
+    x, w = ints(1, 8, 10, 9), ints(12, 8 // attrs.get("group", 1), 3, 3, dtype="int8", seed=1)
+    inputs = _qlinear(x, w, "uint8", "int8", per_channel) + [Const(ints(12, dtype="int32", seed=9))]
+    check_op("QLinearConv", inputs, attrs, opset=10)
+
+
+def test_quantizing_to_a_type_korch_lacks_is_refused_in_one_line():
+    """uint16 (like 4-bit and float 8 types) is not among korch's dtypes."""
+    from helpers import one_node_model
+
+    import korch
+
+    model, _ = one_node_model(
+        "QuantizeLinear", [rand(4, 4), Const(scales())], {"output_dtype": 4}, opset=21, out_dtypes=["uint8"]
+    )
+    model.graph.output[0].type.tensor_type.elem_type = 4
+    with pytest.raises(korch.KorchError, match="QuantizeLinear.*unsupported dtype uint16"):
+        korch.fission(model)
+
+
+# ------------------------------------------------------------ models quantized by ONNX Runtime's tools
+
+
+@pytest.fixture(scope="module")
+def float_model(tmp_path_factory):
+    """A small convolutional classifier: Conv, Relu, Conv, a residual Add, AveragePool, Resize
+    (bilinear), Concat, GlobalAveragePool, Flatten, Gemm; the resized map is an output too. Pooling and
+    resizing average quantized values, so their results land on rounding ties."""
+    from helpers import onnx_model
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {
+        "w1": rng.standard_normal((8, 3, 3, 3)) * 0.3,
+        "b1": rng.standard_normal(8) * 0.1,
+        "w2": rng.standard_normal((8, 8, 3, 3)) * 0.2,
+        "b2": rng.standard_normal(8) * 0.1,
+        "fc": rng.standard_normal((16, 10)) * 0.3,
+        "fcb": rng.standard_normal(10) * 0.1,
+        "scales": np.array([1, 1, 2, 2]),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r2"]),
+        helper.make_node("AveragePool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Resize", ["p", "", "scales"], ["u"], mode="linear"),
+        helper.make_node("Concat", ["u", "r1"], ["cat"], axis=1),
+        helper.make_node("GlobalAveragePool", ["cat"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10]),
+            helper.make_tensor_value_info("u", TensorProto.FLOAT, None),
+        ],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )
+    path = tmp_path_factory.mktemp("quant") / "small.onnx"
+    onnx.save(onnx_model(graph, opset=17), path)
+    return path
+
+
+def _quantized(float_model, how: str):
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter({"x": rand(1, 3, 32, 32, seed=s)} for s in range(4))
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    out = float_model.with_name(f"small-{how}.onnx")
+    if how == "dynamic":
+        quantize_dynamic(float_model, out, weight_type=QuantType.QInt8)
+    else:
+        form = QuantFormat.QDQ if how == "qdq" else QuantFormat.QOperator
+        quantize_static(
+            float_model,
+            out,
+            Reader(),
+            quant_format=form,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
+    return out
+
+
+@pytest.mark.parametrize("how", ["qdq", "qoperator", "dynamic"])
+def test_a_model_quantized_by_onnxruntime_lowers_and_computes_what_onnxruntime_does(float_model, how):
+    """QDQ (DequantizeLinear and QuantizeLinear around float operators), QOperator (QLinearConv,
+    and com.microsoft's QLinearAdd and the like, which stay opaque) and dynamic (MatMulInteger,
+    DynamicQuantizeLinear). ONNX Runtime fuses QDQ pairs into integer kernels that round where the
+    model says to compute in float, so the check allows 8-bit steps (QUANTIZED_TOLERANCE); the
+    unquantized model's tolerance stays float32's."""
+    import korch
+    from korch.profiler import DEFAULT_TOLERANCE, QUANTIZED_TOLERANCE, graph_tolerance
+
+    path = _quantized(float_model, how)
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert {"qdq": "QuantizeLinear", "qoperator": "QLinearConv", "dynamic": "MatMulInteger"}[how] in ops
+    result = korch.fission(path)
+    standard = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "MatMulInteger"}
+    assert not standard & set(result.opaque_ops)
+    assert how == "qoperator" or not result.opaque_ops  # (QGemm, QLinearAdd, ...: com.microsoft's)
+    assert graph_tolerance(result.graph) == QUANTIZED_TOLERANCE
+    assert graph_tolerance(korch.fission(float_model).graph) == DEFAULT_TOLERANCE
+    for seed in range(3):
+        assert korch.check_fission(result, seed) <= QUANTIZED_TOLERANCE / 4
+
+
+def test_quantized_values_are_compared_as_numbers_other_integers_exactly():
+    from korch.check import rel_err
+
+    want = np.array([100, 200, 255], np.uint8)
+    assert rel_err(np.array([101, 200, 255], np.uint8), want) == pytest.approx(1 / 255)
+    assert rel_err(want.astype(np.int32) + [1, 0, 0], want.astype(np.int32)) == 1.0
+
+
+def test_an_opaque_operator_may_take_one_tensor_twice():
+    """com.microsoft's QLinearAdd of x with itself (x, its scale and zero point given twice) runs
+    whole in ONNX Runtime; its one-node model once declared the repeated inputs twice."""
+    from helpers import onnx_model
+    from onnx import TensorProto, helper, numpy_helper
+
+    import korch
+
+    node = helper.make_node(
+        "QLinearAdd", ["x", "s", "z", "x", "s", "z", "s2", "z"], ["y"], domain="com.microsoft"
+    )
+    graph = helper.make_graph(
+        [node],
+        "twice",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [4, 5])],
+        [
+            numpy_helper.from_array(np.float32(0.1), "s"),
+            numpy_helper.from_array(np.float32(0.3), "s2"),
+            numpy_helper.from_array(np.uint8(7), "z"),
+        ],
+    )
+    model = onnx_model(graph, opset=17, extra_opsets=[("com.microsoft", 1)])
+    result = korch.fission(model)
+    assert result.opaque_ops == ["QLinearAdd"]
+    assert korch.check_fission(result) == 0.0
+
+
+def test_a_quantized_model_optimizes_and_its_plan_may_be_onnxruntimes_integer_kernels(float_model, tmp_path):
+    """The source model run whole (ONNX Runtime's fused integer kernels) is checked against the
+    primitive graph with the whole model's tolerance: at its one opaque node's float32 tolerance
+    it was refused, and the plan ran the float operators 5x slower than ONNX Runtime."""
+    import sqlite3
+
+    from korch.pipeline import OptimizeOptions, optimize
+    from korch.profiler import QUANTIZED_TOLERANCE
+
+    path = _quantized(float_model, "qdq")
+    options = OptimizeOptions(
+        cache=tmp_path / "p.sqlite",
+        backends=("onnxruntime", "vendor"),
+        min_time=0.002,
+        progress=False,
+        measure=False,
+        max_size=3,
+    )
+    plan = optimize(path, options=options)
+    rows = sqlite3.connect(tmp_path / "p.sqlite").execute(
+        "SELECT status, reason FROM profiles WHERE key LIKE 'model-%'"
+    )
+    assert [r[0] for r in rows] == ["ok"]
+    assert plan.verify() <= QUANTIZED_TOLERANCE / 4
+
+
+@pytest.mark.parametrize(
+    "scale,attrs,message",
+    [
+        (scales(5), {"axis": 1}, "per-axis scale \\[5\\] does not fit axis 1"),
+        (scales(2, 2, 3), {"axis": 1, "block_size": 2}, "blocked scale \\[2, 2, 3\\] does not fit"),
+    ],
+)
+def test_a_scale_that_does_not_fit_its_input_is_refused_in_one_line(scale, attrs, message):
+    from helpers import one_node_model
+
+    import korch
+
+    model, _ = one_node_model(
+        "DequantizeLinear", [ints(2, 7, 3), Const(scale)], attrs, opset=21, out_dtypes=["float32"]
+    )
+    with pytest.raises(korch.KorchError, match=message) as e:
+        korch.fission(model)
+    assert "\n" not in str(e.value)
