@@ -33,7 +33,8 @@ class Node:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attrs: tuple[tuple[str, Any], ...] = ()
-    origin: str = ""  # the frontend operator this primitive came from, for reports only
+    origin: str = ""  # the frontend operator this primitive came from ("OpType:name"), for reports
+    # and to tell a quantizing cast from others (korch.profiler.quantizes)
 
     @property
     def a(self) -> dict[str, Any]:

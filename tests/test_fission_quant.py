@@ -375,3 +375,46 @@ def test_a_scale_that_does_not_fit_its_input_is_refused_in_one_line(scale, attrs
     with pytest.raises(korch.KorchError, match=message) as e:
         korch.fission(model)
     assert "\n" not in str(e.value)
+
+
+def test_dynamic_quantize_linear_of_zeros_has_scale_one():
+    """The function body's scale of an all-zero x is 0 (its zero point 0 / 0); ONNX Runtime's is 1."""
+    check_op(
+        "DynamicQuantizeLinear",
+        [np.zeros((3, 4), np.float32)],
+        opset=11,
+        n_outputs=3,
+        out_dtypes=["uint8", "float32", "uint8"],
+    )
+
+
+def test_a_cast_to_uint8_of_an_unquantized_model_keeps_float32s_tolerance():
+    """Only a cast that a quantizing operator lowered to loosens the checks (an image's does not)."""
+    from helpers import one_node_model
+
+    import korch
+    from korch.profiler import DEFAULT_TOLERANCE, graph_tolerance
+
+    model, _ = one_node_model("Cast", [rand(2, 3)], {"to": 2}, out_dtypes=["uint8"])
+    assert graph_tolerance(korch.fission(model).graph) == DEFAULT_TOLERANCE
+
+
+def test_an_opaque_operator_whose_output_is_named_like_its_inputs():
+    """The one-node model names its inputs apart from the node's outputs."""
+    from helpers import onnx_model
+    from onnx import TensorProto, helper, numpy_helper
+
+    import korch
+
+    node = helper.make_node(
+        "QLinearAdd", ["x", "s", "z", "x", "s", "z", "s", "z"], ["in0"], domain="com.microsoft"
+    )
+    graph = helper.make_graph(
+        [node, helper.make_node("Identity", ["in0"], ["y"])],
+        "clash",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [4, 5])],
+        [numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.uint8(7), "z")],
+    )
+    result = korch.fission(onnx_model(graph, opset=17, extra_opsets=[("com.microsoft", 1)]))
+    assert korch.check_fission(result) == 0.0

@@ -241,7 +241,8 @@ def _opaque_model(graph: Graph, weights: Weights) -> onnx.ModelProto:
         rename[info.name] = v
         value = graph.constants.get(v, weights.get(v))
         if value is not None:
-            inits.append(numpy_helper.from_array(np.asarray(value), v))
+            if v not in {i.name for i in inits}:  # (an input taken twice: one initializer)
+                inits.append(numpy_helper.from_array(np.asarray(value), v))
         elif v not in fed:
             fed.append(v)
     produced = [o.name for o in model.graph.output] or [o for o in model.graph.node[0].output if o]

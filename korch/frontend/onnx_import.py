@@ -324,8 +324,12 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
     """Keep the node whole: a one-node ONNX model that ONNX Runtime runs as its own kernel."""
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         raise KorchError("control flow operators are not supported")
-    # each input its own name: a node may take one tensor twice (QLinearConcat's scales)
-    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
+    # each input its own name, none an output's: a node may take one tensor twice (QLinearConcat's
+    # scales)
+    prefix = "in"
+    while any(o.startswith(prefix) for o in node.output):
+        prefix += "_"
+    names = [f"{prefix}{i}" if v is not None else "" for i, v in enumerate(inputs)]
     present = [(n, v) for n, v in zip(names, inputs) if v is not None]
     in_infos = [
         helper.make_tensor_value_info(n, to_onnx_dtype(ctx.dtype(v)), ctx.shape(v)) for n, v in present

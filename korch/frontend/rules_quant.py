@@ -10,7 +10,7 @@ Quantizing divides (as ONNX Runtime does; a reciprocal would round differently).
 from __future__ import annotations
 
 from korch.errors import KorchError
-from korch.frontend.lowering import Lowering, OnnxNode, fission
+from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
 from korch.frontend.onnx_types import onnx_dtype
 from korch.frontend.rules_linear import add_bias, matmul, spatial_attrs, weight_kernel
 from korch.prims import Prim
@@ -40,7 +40,7 @@ def _spread(ctx: Lowering, s: str, x: str, axis: int, block: int) -> str:
     shape, rank = ctx.shape(x), ctx.rank(x)
     if ctx.type(s).numel == 1 and not block:
         return ctx.reshape(s, ())
-    axis = axis % rank if rank else 0
+    (axis,) = normalize_axes([axis], rank)
     if block:
         blocks = -(-shape[axis] // block)
         sshape = list(ctx.shape(s))
@@ -130,6 +130,9 @@ def dynamic_quantize_linear(ctx: Lowering, n: OnnxNode) -> list[str]:
     lo = ctx.elementwise(Prim.MIN, ctx.reduce(Prim.REDUCE_MIN, x, axes, keepdims=False), zero)
     hi = ctx.elementwise(Prim.MAX, ctx.reduce(Prim.REDUCE_MAX, x, axes, keepdims=False), zero)
     scale = ctx.elementwise(Prim.DIV, ctx.elementwise(Prim.SUB, hi, lo), ctx.scalar(255.0, "float32"))
+    # an all-zero x: scale 1, as ONNX Runtime has it (the function body's 0 / 0 is no zero point)
+    flat = ctx.elementwise(Prim.EQ, scale, zero)
+    scale = ctx.elementwise(Prim.WHERE, flat, ctx.scalar(1.0, "float32"), scale)
     point = ctx.elementwise(Prim.SUB, zero, ctx.elementwise(Prim.DIV, lo, scale))
     point = ctx.elementwise(Prim.MIN, ctx.elementwise(Prim.MAX, point, zero), ctx.scalar(255.0, "float32"))
     point = ctx.cast(ctx.unary(Prim.ROUND, point), "uint8")
