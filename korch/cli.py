@@ -33,7 +33,7 @@ def _emit(args, payload: dict, human: str) -> None:
 def cmd_fission(args) -> int:
     import korch
     from korch.graph_io import save_graph
-    from korch.profiler import graph_tolerance
+    from korch.tolerance import graph_tolerance
 
     start = time.perf_counter()
     result = korch.fission(args.model, shapes=_shapes(args), values=_values(args), strict=args.strict)
@@ -309,7 +309,7 @@ def _outputs_path(output: str) -> Path:
 
 
 def cmd_verify(args) -> int:
-    from korch.profiler import graph_tolerance, tolerance
+    from korch.tolerance import graph_tolerance, tolerance
 
     plan = _load_plan(args.plan, args)
     err = plan.verify(args.seed)

@@ -34,7 +34,7 @@ class Node:
     outputs: tuple[str, ...]
     attrs: tuple[tuple[str, Any], ...] = ()
     origin: str = ""  # the frontend operator this primitive came from ("OpType:name"), for reports
-    # and to tell a quantizing cast from others (korch.profiler.quantizes)
+    # and to tell a quantizing cast from others (korch.tolerance.quantizes)
 
     @property
     def a(self) -> dict[str, Any]:

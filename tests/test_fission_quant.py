@@ -301,7 +301,7 @@ def test_a_model_quantized_by_onnxruntime_lowers_and_computes_what_onnxruntime_d
     model says to compute in float, so the check allows 8-bit steps (QUANTIZED_TOLERANCE); the
     unquantized model's tolerance stays float32's."""
     import korch
-    from korch.profiler import DEFAULT_TOLERANCE, QUANTIZED_TOLERANCE, graph_tolerance
+    from korch.tolerance import DEFAULT_TOLERANCE, QUANTIZED_TOLERANCE, graph_tolerance
 
     path = _quantized(float_model, how)
     ops = {n.op_type for n in onnx.load(path).graph.node}
@@ -359,7 +359,7 @@ def test_a_quantized_model_optimizes_and_its_plan_may_be_onnxruntimes_integer_ke
     import sqlite3
 
     from korch.pipeline import OptimizeOptions, optimize
-    from korch.profiler import QUANTIZED_TOLERANCE
+    from korch.tolerance import QUANTIZED_TOLERANCE
 
     path = _quantized(float_model, "qdq")
     options = OptimizeOptions(
@@ -414,7 +414,7 @@ def test_a_cast_to_uint8_of_an_unquantized_model_keeps_float32s_tolerance():
     from helpers import one_node_model
 
     import korch
-    from korch.profiler import DEFAULT_TOLERANCE, graph_tolerance
+    from korch.tolerance import DEFAULT_TOLERANCE, graph_tolerance
 
     model, _ = one_node_model("Cast", [rand(2, 3)], {"to": 2}, out_dtypes=["uint8"])
     assert graph_tolerance(korch.fission(model).graph) == DEFAULT_TOLERANCE

@@ -61,13 +61,16 @@ def compile_with(backend: Backend, spec: KernelSpec, device: str, weights: Weigh
 
 @functools.cache  # (asked for every candidate of a model: a backend's version is in its profile's key)
 def source_digest(*modules) -> str:
-    """A short hash of the modules' source: part of a backend's version, so that changing how korch
-    lowers or runs kernels invalidates the profiles (and cached failures) measured before."""
+    """A short hash of the modules' source and of korch's check policy (korch.tolerance): part of
+    a backend's version, so that changing how korch lowers, runs or checks kernels invalidates the
+    profiles (and cached failures) measured before."""
     import hashlib
     import inspect
 
+    from korch import tolerance
+
     h = hashlib.sha256()
-    for module in modules:
+    for module in (*modules, tolerance):
         h.update(inspect.getsource(module).encode())
     return h.hexdigest()[:8]
 
