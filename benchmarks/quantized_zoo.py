@@ -7,8 +7,10 @@ on four of korch's seeded inputs (normal floats); weights are int8 per channel, 
 
 Per file: primitives, opaque operators, the primitive graph's error against ONNX Runtime, the
 plan's kernels and backends, `plan.verify()`, and medians of korch and ONNX Runtime
-(`korch.bench.bench`, interleaved). Usage:
-`python benchmarks/quantized_zoo.py [MODEL ...] --dir DIR [--time-budget S] [--cache DB]`.
+(`korch.bench.bench`, interleaved). With `--agreement`, instead: the largest relative error
+between ONNX Runtime with its graph optimizations off and on, and of korch's primitive graph
+against each, for three seeds (how far apart two correct answers lie). Usage:
+`python benchmarks/quantized_zoo.py [MODEL ...] --dir DIR [--time-budget S] [--cache DB] [--agreement]`.
 """
 
 from __future__ import annotations
@@ -76,6 +78,31 @@ def measure(path: Path, budget: float, cache: str | None) -> str:
     )
 
 
+def agreement(path: Path, seeds: int = 3) -> str:
+    """How far apart correct answers lie: ONNX Runtime with its graph optimizations off (ONNX's
+    semantics: no QDQ fusion) against on, and korch's primitive graph against each, per seed."""
+    import onnxruntime as ort
+
+    from korch import reference
+
+    fission = korch.fission(path)
+    rows = []
+    for seed in range(seeds):
+        feeds = check.random_inputs(fission.graph, seed)
+        runs = {}
+        for label, level in (("on", "ORT_ENABLE_ALL"), ("off", "ORT_DISABLE_ALL")):
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+            sess = ort.InferenceSession(
+                fission.model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
+            runs[label] = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        got = reference.run(fission.graph, feeds)
+        errs = (check.compare_outputs(runs["off"], runs["on"]), check.compare_outputs(got, runs["on"]))
+        rows.append("/".join(f"{e:.3g}" for e in (*errs, check.compare_outputs(got, runs["off"]))))
+    return "  ".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -89,12 +116,20 @@ def main() -> None:
         "--time-budget", type=float, default=60.0, metavar="S", help="profiling budget per file"
     )
     parser.add_argument("--cache", help="profile database (default: korch's)")
+    parser.add_argument(
+        "--agreement",
+        action="store_true",
+        help="instead of optimizing, per seed: ONNX Runtime unfused vs fused / korch vs fused / vs unfused",
+    )
     args = parser.parse_args()
     import onnxruntime
 
     print(f"onnxruntime {onnxruntime.__version__}, korch {korch.__version__}, budget {args.time_budget:g} s")
     head = f"{'prims':>6s} {'opaque':>6s} {'rel err':>8s} {'kernels':>7s} {'backends':22s} {'verify':>8s}"
-    print(f"{'file':28s} {head} {'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s} {'s':>5s}")
+    head = f"{head} {'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s}"
+    if args.agreement:
+        head = "per seed: ONNX Runtime off vs on / korch vs on / korch vs off"
+    print(f"{'file':28s} {head} {'s':>5s}")
     directory = Path(args.dir)
     for name in args.models:
         source = build(name, directory)
@@ -108,7 +143,7 @@ def main() -> None:
                 print(f"{out.name:28s} ONNX Runtime's quantizer failed: {str(e).splitlines()[0][:80]}")
                 continue
             try:
-                line = measure(out, args.time_budget, args.cache)
+                line = agreement(out) if args.agreement else measure(out, args.time_budget, args.cache)
             except korch.KorchError as e:
                 line = f"refused: {e}"
             print(f"{out.name:28s} {line} {time.perf_counter() - started:5.0f}", flush=True)
