@@ -416,3 +416,15 @@ def test_unsorted_ends_on_the_device_give_a_result_the_check_refuses():
     spec, inputs, want = grouped_matmul_spec([10, 2, 12, -1], 8, 16, "bfloat16")
     args = [torch_ops.as_tensor(x) for x in inputs]
     assert "wrong result" in check_kernel([torch_ops.grouped_matmul_on_device(*args)], want, spec.graph)
+
+
+def test_the_check_policy_is_part_of_every_backend_version():
+    """A kernel refused as a wrong result under one tolerance must not stay refused, from the
+    cache, under another: korch.tolerance's source is hashed into each backend's version."""
+    import hashlib
+    import inspect
+
+    from korch import tolerance
+    from korch.backends import source_digest
+
+    assert source_digest() == hashlib.sha256(inspect.getsource(tolerance).encode()).hexdigest()[:8]
