@@ -55,43 +55,52 @@ def rnn_weights():
     return _model(nodes, [("x", F, [5, 2, 8])], outs, inits), "LSTM"
 
 
-def qlinear_matmul_scales():
-    """A QLinearMatMul (no fission rule) whose scales and zero points are small constants."""
-    node = helper.make_node("QLinearMatMul", ["x", "xs", "xz", "b", "bs", "bz", "ys", "yz"], ["y"])
+def _microsoft(nodes, inputs, outputs, inits):
+    """A model with com.microsoft's contrib operators (no fission rules: opaque)."""
+    model = _model(nodes, inputs, outputs, inits, 13)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def qlinear_add_scales():
+    """com.microsoft's QLinearAdd whose scales, zero points and second operand are small
+    constants."""
+    node = helper.make_node(
+        "QLinearAdd", ["x", "xs", "xz", "b", "bs", "bz", "ys", "yz"], ["y"], domain="com.microsoft"
+    )
     inits = [
         ("xs", np.float32(0.05)),
         ("xz", np.uint8(120)),
-        ("b", np.random.default_rng(0).integers(0, 255, (4, 3)).astype("uint8")),
+        ("b", np.random.default_rng(0).integers(0, 255, (2, 4)).astype("uint8")),
         ("bs", np.float32(0.02)),
         ("bz", np.uint8(128)),
         ("ys", np.float32(0.3)),
         ("yz", np.uint8(100)),
     ]
-    return _model(
-        [node], [("x", TensorProto.UINT8, [2, 4])], [("y", TensorProto.UINT8, [2, 3])], inits, 13
-    ), "QLinearMatMul"
+    out = [("y", TensorProto.UINT8, [2, 4])]
+    return _microsoft([node], [("x", TensorProto.UINT8, [2, 4])], out, inits), "QLinearAdd"
 
 
-def qlinear_conv_weight():
-    """A QLinearConv (no fission rule) with constant weights large enough to be a weight input
-    (integers up to candidates.INDEX_CONSTANT elements are baked in), then fusible ops."""
+def qgemm_weight():
+    """com.microsoft's QGemm with a constant weight large enough to be a weight input (integers up
+    to candidates.INDEX_CONSTANT elements are baked in), then fusible ops."""
     nodes = [
-        helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["q"]),
+        helper.make_node(
+            "QGemm", ["x", "xs", "xz", "w", "ws", "wz", "", "ys", "yz"], ["q"], domain="com.microsoft"
+        ),
         helper.make_node("Cast", ["q"], ["f"], to=F),
         helper.make_node("Tanh", ["f"], ["y"]),
     ]
     inits = [
         ("xs", np.float32(0.05)),
         ("xz", np.uint8(120)),
-        ("w", np.random.default_rng(0).integers(0, 255, (32, 16, 3, 3)).astype("uint8")),
+        ("w", np.random.default_rng(0).integers(-128, 127, (144, 48)).astype("int8")),
         ("ws", np.float32(0.02)),
-        ("wz", np.uint8(128)),
+        ("wz", np.int8(0)),
         ("ys", np.float32(0.3)),
         ("yz", np.uint8(100)),
     ]
-    return _model(
-        nodes, [("x", TensorProto.UINT8, [1, 16, 5, 5])], [("y", F, [1, 32, 3, 3])], inits, 13
-    ), "QLinearConv"
+    return _microsoft(nodes, [("x", TensorProto.UINT8, [3, 144])], [("y", F, [3, 48])], inits), "QGemm"
 
 
 def rnn_last_state_only():
@@ -107,8 +116,8 @@ def rnn_last_state_only():
 
 MODELS = {
     "rnn_weights": rnn_weights,
-    "qlinear_matmul_scales": qlinear_matmul_scales,
-    "qlinear_conv_weight": qlinear_conv_weight,
+    "qlinear_add_scales": qlinear_add_scales,
+    "qgemm_weight": qgemm_weight,
     "rnn_last_state_only": rnn_last_state_only,
 }
 
@@ -130,9 +139,9 @@ def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
     model, op = MODELS[case]()
     spec, inputs, weights = _opaque_spec(model)
     assert spec.graph.nodes[0].a["op_type"] == op
-    if case in ("rnn_weights", "qlinear_matmul_scales"):
+    if case in ("rnn_weights", "qlinear_add_scales"):
         assert spec.graph.constants, "the small constant input should be baked into the kernel"
-    if case in ("rnn_weights", "qlinear_conv_weight"):
+    if case in ("rnn_weights", "qgemm_weight"):
         assert weights, "the large constant should be a weight input"
     want = reference.run(spec.graph, dict(zip(spec.graph.inputs, inputs)))
     backend = OnnxRuntimeBackend()
