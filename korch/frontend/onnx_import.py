@@ -338,7 +338,7 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
     alone = onnx.NodeProto()
     alone.CopyFrom(node)
     alone.ClearField("input")
-    alone.input.extend(names[: len(node.input)])
+    alone.input.extend(names)
     one = helper.make_model(
         helper.make_graph([alone], "opaque", in_infos, out_infos),
         opset_imports=list(model.opset_import),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
 from korch.frontend.onnx_types import onnx_dtype
+from korch.frontend.rules_elementwise import clip_core
 from korch.frontend.rules_linear import add_bias, matmul, spatial_attrs, weight_kernel
 from korch.prims import Prim
 
@@ -72,8 +73,7 @@ def saturate(ctx: Lowering, v: str, zero: str | None, dtype: str) -> str:
     if zero is not None:
         v = ctx.elementwise(Prim.ADD, v, ctx.cast(zero, "float32"))
     lo, hi = RANGES[dtype]
-    v = ctx.elementwise(Prim.MAX, v, ctx.scalar(lo, "float32"))
-    return ctx.cast(ctx.elementwise(Prim.MIN, v, ctx.scalar(hi, "float32")), dtype)
+    return ctx.cast(clip_core(ctx, v, ctx.scalar(lo, "float32"), ctx.scalar(hi, "float32")), dtype)
 
 
 def quantize(
@@ -134,7 +134,7 @@ def dynamic_quantize_linear(ctx: Lowering, n: OnnxNode) -> list[str]:
     flat = ctx.elementwise(Prim.EQ, scale, zero)
     scale = ctx.elementwise(Prim.WHERE, flat, ctx.scalar(1.0, "float32"), scale)
     point = ctx.elementwise(Prim.SUB, zero, ctx.elementwise(Prim.DIV, lo, scale))
-    point = ctx.elementwise(Prim.MIN, ctx.elementwise(Prim.MAX, point, zero), ctx.scalar(255.0, "float32"))
+    point = clip_core(ctx, point, zero, ctx.scalar(255.0, "float32"))
     point = ctx.cast(ctx.unary(Prim.ROUND, point), "uint8")
     return [quantize(ctx, x, scale, point, "uint8"), scale, point]
 
