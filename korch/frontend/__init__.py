@@ -2,6 +2,7 @@
 
 from korch.frontend import (  # noqa: F401  (imported for their registrations)
     rules_attention,
+    rules_contrib,
     rules_elementwise,
     rules_grid,
     rules_layout,

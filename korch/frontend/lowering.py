@@ -68,6 +68,11 @@ class OnnxNode:
     inputs: list[str | None]
     n_outputs: int
     attrs: Attributes = field(default_factory=Attributes)
+    outputs: tuple[str, ...] = ()  # the node's output names, "" where one is left out
+
+    def wants(self, i: int) -> bool:
+        """Whether the model names output i (a rule may give None for one it does not)."""
+        return i < len(self.outputs) and bool(self.outputs[i])
 
     def __post_init__(self) -> None:
         if not isinstance(self.attrs, Attributes):
@@ -87,14 +92,19 @@ class OnnxNode:
 
 
 Rule = Callable[["Lowering", OnnxNode], list[str]]
-_RULES: dict[str, list[tuple[int, Rule]]] = {}
+_RULES: dict[str, list[tuple[int, Rule]]] = {}  # keyed by op type, "domain:op type" outside ONNX's
 
 
-def fission(op_type: str, *since: int) -> Callable[[Rule], Rule]:
-    """Register a rule for an op type from each listed opset version on (until the next one)."""
+def _key(op_type: str, domain: str) -> str:
+    return op_type if domain in ("", "ai.onnx") else f"{domain}:{op_type}"
+
+
+def fission(op_type: str, *since: int, domain: str = "") -> Callable[[Rule], Rule]:
+    """Register a rule for an op type from each listed opset version on (until the next one);
+    `domain` for an operator outside ONNX's (ONNX Runtime's "com.microsoft")."""
 
     def register(fn: Rule) -> Rule:
-        versions = _RULES.setdefault(op_type, [])
+        versions = _RULES.setdefault(_key(op_type, domain), [])
         for v in since or (1,):
             if any(v == have for have, _ in versions):
                 raise RuntimeError(f"fission rule for {op_type} opset {v} registered twice")
@@ -105,16 +115,17 @@ def fission(op_type: str, *since: int) -> Callable[[Rule], Rule]:
     return register
 
 
-def find_rule(op_type: str, opset: int) -> Rule | None:
-    """The rule with the highest version at or below the model's opset."""
+def find_rule(op_type: str, opset: int, domain: str = "") -> Rule | None:
+    """The rule with the highest version at or below the model's opset (for the node's domain)."""
     best = None
-    for version, fn in _RULES.get(op_type, []):
+    for version, fn in _RULES.get(_key(op_type, domain), []):
         if version <= opset:
             best = fn
     return best
 
 
 def registered_ops() -> dict[str, list[int]]:
+    """{op type ("domain:op type" outside ONNX's domain): versions}."""
     return {op: [v for v, _ in rules] for op, rules in sorted(_RULES.items())}
 
 

@@ -62,7 +62,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto | bytes, name: str = 
             raise KorchError(f"{label}: not a valid ONNX model ({type(e).__name__})") from None
     if not model.HasField("graph") or not model.graph.node and not model.graph.output:
         raise KorchError("the file holds no ONNX graph")
-    checked = skeleton(model)
+    checked = _as_onnx_knows_it(skeleton(model))
     for out in checked.graph.output:
         # ONNX Runtime accepts outputs of unknown rank; the checker insists on a shape field
         if out.type.HasField("tensor_type") and not out.type.tensor_type.HasField("shape"):
@@ -74,6 +74,27 @@ def load_model(source: str | os.PathLike | onnx.ModelProto | bytes, name: str = 
         if "is deprecated" not in str(e):
             raise KorchError(f"invalid ONNX model: {error_line(e)}") from None
     return model
+
+
+# operators ONNX Runtime adds to ONNX's domain: its LayerNormalization before ONNX's (opset 17),
+# SimplifiedLayerNormalization (korch.frontend.rules_contrib lowers both)
+ONNX_RUNTIME_ONNX_OPS = ("LayerNormalization", "SimplifiedLayerNormalization")
+
+
+def _as_onnx_knows_it(checked: onnx.ModelProto) -> onnx.ModelProto:
+    """The checker's copy with ONNX Runtime's operators in ONNX's domain moved to a domain of their
+    own (the checker knows no schema for them; ONNX Runtime runs them)."""
+    opset = next((o.version for o in checked.opset_import if o.domain in DEFAULT_DOMAINS), None)
+    moved = False
+    for node in checked.graph.node:
+        if node.op_type in ONNX_RUNTIME_ONNX_OPS and node.domain in DEFAULT_DOMAINS and opset is not None:
+            try:
+                onnx.defs.get_schema(node.op_type, opset, "")
+            except onnx.defs.SchemaError:
+                node.domain, moved = "onnxruntime.onnx", True
+    if moved:
+        checked.opset_import.append(helper.make_opsetid("onnxruntime.onnx", 1))
+    return checked
 
 
 def skeleton(model: onnx.ModelProto, keep: int = 4096) -> onnx.ModelProto:
@@ -259,7 +280,7 @@ def _lower_node(ctx, node, env, scope: _Scope) -> list[str]:
     if node.domain not in DEFAULT_DOMAINS and node.domain not in opsets:
         raise KorchError(f"domain {node.domain!r} is not imported by the model")
     version = opsets.get(node.domain, opset)
-    rule = find_rule(node.op_type, version) if node.domain in DEFAULT_DOMAINS else None
+    rule = find_rule(node.op_type, version, node.domain)
     onnx_node = OnnxNode(
         node.op_type,
         node.name,
@@ -267,6 +288,7 @@ def _lower_node(ctx, node, env, scope: _Scope) -> list[str]:
         inputs,
         len(node.output),
         {a.name: _attr_value(a) for a in node.attribute},
+        tuple(node.output),
     )
     if rule is not None:
         try:

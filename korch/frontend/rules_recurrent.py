@@ -130,12 +130,13 @@ def _activations(ctx: Lowering, n: OnnxNode, directions: int) -> list[list[Activ
         params = [next(given, default) for given, default in zip((alphas, betas), _PARAMS[name])]
         if None in params:
             ctx.unsupported(f"{n.op_type} activation {name} without its alpha and beta")
-        fns.append(_activation(name, *params))
+        fns.append(activation(name, *params))
     return [fns[d * per : (d + 1) * per] for d in range(directions)]
 
 
-def _activation(name: str, alpha: float = 0.0, beta: float = 0.0) -> Activation:
-    """ONNX's recurrent activation functions (the RNN operator's list)."""
+def activation(name: str, alpha: float = 0.0, beta: float = 0.0) -> Activation:
+    """ONNX's recurrent activation functions (the RNN operator's list), and the two more that ONNX
+    Runtime's FusedGemm takes (Selu: alpha, gamma as beta; ParametricSoftplus)."""
 
     def apply(ctx: Lowering, v: str) -> str:
         def s(value: float) -> str:
@@ -159,8 +160,13 @@ def _activation(name: str, alpha: float = 0.0, beta: float = 0.0) -> Activation:
             return hard_sigmoid_core(ctx, v, alpha, beta)
         if name == "Elu":
             return elu_core(ctx, v, alpha)
+        if name == "Selu":
+            return ctx.elementwise(Prim.MUL, elu_core(ctx, v, alpha), s(beta))
         if name == "Softsign":
             return softsign_core(ctx, v)
+        if name == "ParametricSoftplus":
+            inner = softplus_core(ctx, ctx.elementwise(Prim.MUL, v, s(beta)))
+            return ctx.elementwise(Prim.MUL, inner, s(alpha))
         return softplus_core(ctx, v)  # (Softplus)
 
     return apply

@@ -272,16 +272,20 @@ def rms_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
     float64, and the scale is applied before the one cast back (the spec's function casts before the
     multiply and honours stash_type=0; for float16 either differs from ONNX Runtime by a rounding)."""
     x, scale = n.inputs[0], n.inputs[1]
-    rank = ctx.rank(x)
     n.attr("stash_type", 1)  # looked at, and set aside (see above)
+    axis = normalize_axes([n.attr("axis", -1)], ctx.rank(x))[0]
+    return [rms_core(ctx, x, scale, axis, n.attr("epsilon", 1e-5))[0]]
+
+
+def rms_core(ctx: Lowering, x: str, scale: str, axis: int, epsilon: float) -> tuple[str, str]:
+    """RMSNormalization's y (see rms_norm) and 1/rms (in float32 or float64, keeping the axes)."""
     stash = "float64" if ctx.dtype(x) == "float64" else "float32"
-    axis = normalize_axes([n.attr("axis", -1)], rank)[0]
     xs = ctx.cast(x, stash)
-    mean_square = ctx.mean(ctx.elementwise(Prim.MUL, xs, xs), range(axis, rank))
-    mean_square = ctx.elementwise(Prim.ADD, mean_square, ctx.scalar(n.attr("epsilon", 1e-5), stash))
+    mean_square = ctx.mean(ctx.elementwise(Prim.MUL, xs, xs), range(axis, ctx.rank(x)))
+    mean_square = ctx.elementwise(Prim.ADD, mean_square, ctx.scalar(epsilon, stash))
     inv_rms = ctx.unary(Prim.RECIPROCAL, ctx.unary(Prim.SQRT, mean_square))
     y = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.MUL, xs, inv_rms), ctx.cast(scale, stash))
-    return [ctx.cast(y, ctx.dtype(scale))]
+    return ctx.cast(y, ctx.dtype(scale)), inv_rms
 
 
 @fission("LRN", 1, 13)

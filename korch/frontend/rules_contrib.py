@@ -1,0 +1,292 @@
+"""ONNX Runtime's own operators (domain com.microsoft, and two it adds to ONNX's domain), as its
+graph optimizers write them into a saved model: a session's `optimized_model_filepath`, the
+transformer optimizer (`onnxruntime.transformers.optimizer`, what Hugging Face optimum's O1-O4
+run). Each is split into the primitives of the ONNX operators it fused (activations, a convolution
+or matmul with its activation, skip-and-layer normalization, BERT's embedding layer, multi-head
+attention), so such a model fuses as its original would. The semantics are ONNX Runtime's CPU
+kernels (1.32), which tests/test_fission_contrib.py runs as the oracle."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from korch.errors import KorchError
+from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
+from korch.frontend.rules_attention import _heads, attend
+from korch.frontend.rules_elementwise import clip_core, gelu_core
+from korch.frontend.rules_linear import conv, gemm, matmul
+from korch.frontend.rules_recurrent import activation
+from korch.frontend.rules_reduce import layer_norm, normalize, rms_core
+from korch.prims import FLOAT_DTYPES, HALF_DTYPES, Prim
+
+MS = "com.microsoft"
+
+# ----------------------------------------------------------------- activations
+
+
+@fission("Gelu", 1, domain=MS)
+def gelu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [gelu_core(ctx, n.inputs[0], "none")]
+
+
+@fission("BiasGelu", 1, domain=MS)
+def bias_gelu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return [gelu_core(ctx, ctx.elementwise(Prim.ADD, n.inputs[0], n.inputs[1]), "none")]
+
+
+@fission("FastGelu", 1, domain=MS)
+def fast_gelu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Gelu's tanh approximation, of x + bias when a bias is given."""
+    x, bias = n.inputs[0], n.input(1)
+    if bias is not None:
+        x = ctx.elementwise(Prim.ADD, x, bias)
+    return [gelu_core(ctx, x, "tanh")]
+
+
+@fission("QuickGelu", 1, domain=MS)
+def quick_gelu(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """x * sigmoid(alpha * x)."""
+    x = n.inputs[0]
+    scaled = ctx.elementwise(Prim.MUL, x, ctx.scalar(n.attr("alpha", 1.702), ctx.dtype(x)))
+    return [ctx.elementwise(Prim.MUL, x, ctx.unary(Prim.SIGMOID, scaled))]
+
+
+# ---------------------------------------------- linear operators with an activation
+
+# FusedGemm's activations and the parameters each reads (activation_alpha, _beta, _gamma); ONNX
+# Runtime requires every one of them
+_GEMM_PARAMS = {
+    "Relu": (),
+    "Tanh": (),
+    "Sigmoid": (),
+    "Softsign": (),
+    "Softplus": (),
+    "LeakyRelu": ("alpha",),
+    "ThresholdedRelu": ("alpha",),
+    "Elu": ("alpha",),
+    "HardSigmoid": ("alpha", "beta"),
+    "ScaledTanh": ("alpha", "beta"),
+    "ParametricSoftplus": ("alpha", "beta"),
+    "Selu": ("alpha", "gamma"),
+}
+
+
+@fission("FusedGemm", 1, domain=MS)
+def fused_gemm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Gemm, then an activation (its parameters in activation_alpha, _beta, _gamma)."""
+    (y,) = gemm(ctx, n)
+    name = n.attr("activation", "")
+    given = {p: n.attr(f"activation_{p}", None) for p in ("alpha", "beta", "gamma")}
+    if not name:
+        return [y]
+    if name not in _GEMM_PARAMS:
+        ctx.unsupported(f"FusedGemm activation {name!r}")
+    params = [given[p] for p in _GEMM_PARAMS[name]]
+    if None in params:
+        raise KorchError(f"FusedGemm activation {name} needs activation_{'/'.join(_GEMM_PARAMS[name])}")
+    return [activation(name, *params)(ctx, y)]
+
+
+@fission("FusedConv", 1, domain=MS)
+def fused_conv(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Conv (+ bias), plus Z when given, then one of MLAS's activations (activation_params: alpha
+    for LeakyRelu, min and max for Clip, alpha and beta for HardSigmoid)."""
+    x, w, bias, z = n.inputs[0], n.inputs[1], n.input(2), n.input(3)
+    (y,) = conv(ctx, OnnxNode("Conv", n.name, n.opset, [x, w, bias], 1, n.attrs))
+    if z is not None:
+        y = ctx.elementwise(Prim.ADD, y, z)
+    name, params = n.attr("activation", ""), list(n.attr("activation_params", None) or [])
+    wanted = {"": 0, "Relu": 0, "Tanh": 0, "Sigmoid": 0, "LeakyRelu": 1, "Clip": 2, "HardSigmoid": 2}
+    if name not in wanted:
+        ctx.unsupported(f"FusedConv activation {name!r}")
+    if len(params) != wanted[name]:
+        raise KorchError(f"FusedConv activation {name} takes {wanted[name]} activation_params, not {params}")
+    if name == "Clip":
+        low, high = (ctx.scalar(p, ctx.dtype(y)) for p in params)
+        return [clip_core(ctx, y, low, high)]
+    return [activation(name, *params)(ctx, y) if name else y]
+
+
+@fission("FusedMatMul", 1, domain=MS)
+def fused_matmul(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """alpha * (A' @ B'), each operand transposed as asked: transBatch moves its first axis to
+    just before the last (a stored [M, batch..., K] is [batch..., M, K]), then trans swaps the
+    last two."""
+    a, b = n.inputs[0], n.inputs[1]
+    batched = n.attr("transBatchA", 0) or n.attr("transBatchB", 0)
+    if batched and not (ctx.rank(a) == ctx.rank(b) >= 3):
+        ranks = (ctx.rank(a), ctx.rank(b))
+        raise KorchError(f"FusedMatMul transBatch needs two inputs of one rank >= 3, not ranks {ranks}")
+    operands = []
+    for v, side in ((a, "A"), (b, "B")):
+        trans, trans_batch = n.attr(f"trans{side}", 0), n.attr(f"transBatch{side}", 0)
+        rank = ctx.rank(v)
+        if (trans or trans_batch) and rank < 2:
+            raise KorchError(f"FusedMatMul cannot transpose a {rank}-D operand")
+        if trans_batch:
+            v = ctx.transpose(v, [*range(1, rank - 1), 0, rank - 1])
+        if trans:
+            v = ctx.transpose(v, [*range(rank - 2), rank - 1, rank - 2])
+        operands.append(v)
+    y = matmul(ctx, *operands)
+    alpha = n.attr("alpha", 1.0)
+    return [y if alpha == 1.0 else ctx.elementwise(Prim.MUL, y, ctx.scalar(alpha, ctx.dtype(y)))]
+
+
+# ----------------------------------------------------------------- normalization
+
+
+def _skip_sum(ctx: Lowering, n: OnnxNode, bias: str | None) -> str:
+    """input + skip (+ bias): skip as input's shape, or its last two axes ([1, S, H] or [S, H])."""
+    x, skip = n.inputs[0], n.inputs[1]
+    shape, skip_shape = ctx.shape(x), ctx.shape(skip)
+    if ctx.rank(x) not in (2, 3):
+        raise KorchError(f"{n.op_type} input must be 2-D or 3-D, not {list(shape)}")
+    if skip_shape != shape and not (len(shape) == 3 and skip_shape in ((1, *shape[1:]), shape[1:])):
+        raise KorchError(f"{n.op_type} skip {list(skip_shape)} does not fit input {list(shape)}")
+    total = ctx.elementwise(Prim.ADD, x, skip)
+    return total if bias is None else ctx.elementwise(Prim.ADD, total, bias)
+
+
+@fission("SkipLayerNormalization", 1, domain=MS)
+def skip_layer_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """LayerNorm(input + skip + bias) over the last axis, in float32 for half types; outputs the
+    normalized value, the mean and 1/std (keeping the axis), and the sum."""
+    gamma, beta = n.inputs[2], n.input(3)
+    total = _skip_sum(ctx, n, n.input(4))
+    dtype = ctx.dtype(total)
+    wide = "float32" if dtype in HALF_DTYPES else dtype
+    y, mean, inv_std = normalize(ctx, ctx.cast(total, wide), [ctx.rank(total) - 1], n.attr("epsilon", 1e-12))
+    y = ctx.elementwise(Prim.MUL, ctx.cast(y, dtype), gamma)
+    if beta is not None:
+        y = ctx.elementwise(Prim.ADD, y, beta)
+    return [y, mean, inv_std, total]
+
+
+@fission("SkipSimplifiedLayerNormalization", 1, domain=MS)
+def skip_simplified_layer_norm(ctx: Lowering, n: OnnxNode) -> list[str | None]:
+    """RMSNorm(input + skip + bias) over the last axis; outputs as SkipLayerNormalization's but
+    the mean, which ONNX Runtime leaves unwritten (refused when the model names it)."""
+    total = _skip_sum(ctx, n, n.input(3))
+    y, inv_rms = rms_core(ctx, total, n.inputs[2], ctx.rank(total) - 1, n.attr("epsilon", 1e-12))
+    if n.wants(1):
+        ctx.unsupported("SkipSimplifiedLayerNormalization's mean output (ONNX Runtime leaves it unwritten)")
+    return [y, None, inv_rms, total]
+
+
+@fission("SimplifiedLayerNormalization", 1)
+def simplified_layer_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """ONNX Runtime's RMSNorm in ONNX's domain (before RMSNormalization, opset 23): y, 1/rms;
+    float32 whatever stash_type says, as ONNX Runtime computes (see rms_norm)."""
+    x = n.inputs[0]
+    n.attr("stash_type", 1)
+    axis = normalize_axes([n.attr("axis", -1)], ctx.rank(x))[0]
+    return list(rms_core(ctx, x, n.inputs[1], axis, n.attr("epsilon", 1e-5)))
+
+
+# ONNX Runtime's LayerNormalization in ONNX's domain before opset 17 (the same operator)
+fission("LayerNormalization", 1)(layer_norm)
+
+
+# ------------------------------------------------------------ BERT's embedding layer
+
+
+@fission("EmbedLayerNormalization", 1, domain=MS)
+def embed_layer_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """LayerNorm(word[ids] + position[positions] + segment[segment ids]); the mask index is the
+    number of ones in each row of the mask (zeros without one); the sum before the norm."""
+    ids, segment_ids, words, positions, segments = n.inputs[:5]
+    gamma, beta, mask, position_ids = n.inputs[5], n.inputs[6], n.input(7), n.input(8)
+    n.attr("mask_index_type", 1)  # (says only whether output 1 exists)
+    if ctx.rank(ids) != 2:
+        raise KorchError(f"EmbedLayerNormalization input_ids {list(ctx.shape(ids))} is not [batch, seq]")
+    batch, seq = ctx.shape(ids)
+    if (segment_ids is None) != (segments is None):
+        raise KorchError("EmbedLayerNormalization needs segment_ids and segment_embedding together")
+    total = ctx.emit(Prim.GATHER, words, ids, axis=0)
+    if position_ids is None:
+        if ctx.shape(positions)[0] < seq:
+            raise KorchError(f"{seq} tokens but {ctx.shape(positions)[0]} position embeddings")
+        position_ids = ctx.const(np.arange(seq, dtype="int64").reshape(1, seq))
+    total = ctx.elementwise(Prim.ADD, total, ctx.emit(Prim.GATHER, positions, position_ids, axis=0))
+    if segments is not None:
+        total = ctx.elementwise(Prim.ADD, total, ctx.emit(Prim.GATHER, segments, segment_ids, axis=0))
+    y, _, _ = normalize(ctx, total, [2], n.attr("epsilon", 1e-12))
+    y = ctx.elementwise(Prim.ADD, ctx.elementwise(Prim.MUL, y, gamma), beta)
+    if mask is None:
+        mask_index = ctx.const(np.zeros(batch, "int32"))
+    else:
+        ones = ctx.elementwise(Prim.EQ, mask, ctx.scalar(1, ctx.dtype(mask)))
+        mask_index = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(ones, "int32"), [1], keepdims=False)
+    return [y, mask_index, total]
+
+
+# ------------------------------------------------------------------ attention
+
+
+def _masked_keys(ctx: Lowering, mask: str, batch: int, seq: int, total: int) -> str:
+    """Where a query may not attend a key (booleans, [batch, 1, 1 or seq, total]), from any of the
+    mask_index forms: per batch entry the length ([batch]: right padding) or the end then the
+    start ([2 * batch]: left padding); raw 0/1 masks [batch, total] or [batch, seq, total]."""
+    shape = ctx.shape(mask)
+    keys = ctx.const(np.arange(total, dtype="int64").reshape(1, 1, 1, total))
+    if len(shape) == 1 and shape[0] in (batch, 2 * batch):
+        bounds = ctx.reshape(ctx.cast(mask, "int64"), (shape[0], 1, 1, 1))
+        masked = ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, keys, ctx.slice_axis(bounds, 0, 0, batch)))
+        if shape[0] == 2 * batch:
+            before = ctx.elementwise(Prim.LT, keys, ctx.slice_axis(bounds, 0, batch, batch))
+            masked = ctx.elementwise(Prim.OR, masked, before)
+        return masked
+    if shape in ((batch, total), (batch, seq, total)):
+        kept = ctx.elementwise(Prim.GT, mask, ctx.scalar(0, ctx.dtype(mask)))
+        return ctx.reshape(ctx.unary(Prim.NOT, kept), (batch, 1, 1 if len(shape) == 2 else seq, total))
+    ctx.unsupported(f"Attention mask_index of shape {list(shape)}")
+    raise AssertionError  # (unsupported raises)
+
+
+@fission("Attention", 1, domain=MS)
+def ms_attention(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Multi-head self-attention from one packed projection: [q | k | v] = input @ weights + bias,
+    softmax(q k^T * scale + mask + attention_bias) v per head. A masked score gets mask_filter_value
+    added (a finite -10000 by default); a causal (unidirectional) model's future keys none."""
+    x, weights, bias, mask = n.inputs[0], n.inputs[1], n.input(2), n.input(3)
+    past, attention_bias = n.input(4), n.input(5)
+    if past is not None or n.input(6) is not None:
+        ctx.unsupported("Attention with a past state")
+    if n.attr("do_rotary", 0):
+        ctx.unsupported("Attention with do_rotary")
+    n.attr("rotary_embedding_dim", 0), n.attr("past_present_share_buffer", 0)  # (no past: no effect)
+    dtype = ctx.dtype(x)
+    if dtype not in FLOAT_DTYPES or ctx.rank(x) != 3:
+        raise KorchError(f"Attention input must be a 3-D float tensor, not {dtype} {list(ctx.shape(x))}")
+    heads = n.attr("num_heads")
+    batch, seq, _ = ctx.shape(x)
+    width = ctx.shape(weights)[-1]
+    sizes = list(n.attr("qkv_hidden_sizes", None) or [width // 3] * 3)
+    if len(sizes) != 3 or sum(sizes) != width or sizes[0] != sizes[1] or any(s % heads for s in sizes):
+        raise KorchError(f"Attention qkv sizes {sizes} do not split weights {width} wide into {heads} heads")
+    packed = matmul(ctx, x, weights)
+    if bias is not None:
+        packed = ctx.elementwise(Prim.ADD, packed, bias)
+    q, k, v = (_heads(ctx, ctx.slice_axis(packed, 2, sum(sizes[:i]), sizes[i]), heads) for i in range(3))
+
+    # mask_filter_value added where the mask hides a key; a causal (unidirectional) model's future
+    # keys left out altogether (-inf: ONNX Runtime never reads them), so that a query the mask
+    # hides every past key from still spreads over those past keys
+    fill = n.attr("mask_filter_value", -10000.0)
+    scores_bias = None
+    if mask is not None:
+        masked = _masked_keys(ctx, mask, batch, seq, seq)
+        scores_bias = ctx.elementwise(Prim.WHERE, masked, ctx.scalar(fill, dtype), ctx.scalar(0, dtype))
+    if n.attr("unidirectional", 0):
+        future = ctx.const(np.triu(np.full((seq, seq), -np.inf, dtype), 1))
+        scores_bias = future if scores_bias is None else ctx.elementwise(Prim.ADD, scores_bias, future)
+    if attention_bias is not None:
+        scores_bias = (
+            attention_bias if scores_bias is None else ctx.elementwise(Prim.ADD, scores_bias, attention_bias)
+        )
+    scale = n.attr("scale", None)
+    y, _ = attend(ctx, q, k, v, scores_bias, False, scale if scale else 1 / math.sqrt(sizes[0] // heads))
+    return [ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (batch, seq, sizes[2]))]
