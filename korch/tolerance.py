@@ -33,7 +33,23 @@ def graph_tolerance(graph: Graph) -> float:
     return max(limit, QUANTIZED_TOLERANCE) if quantizes(graph) else limit
 
 
-QUANTIZING_OPS = ("QuantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul")
+QUANTIZING_OPS = (
+    "QuantizeLinear",
+    "DynamicQuantizeLinear",
+    "QLinearConv",
+    "QLinearMatMul",
+    # ONNX Runtime's (com.microsoft)
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearConcat",
+    "QLinearSoftmax",
+    "QLinearAveragePool",
+    "QLinearGlobalAveragePool",
+    "QGemm",
+    "DynamicQuantizeMatMul",
+)
 
 
 def quantizes(graph: Graph) -> bool:

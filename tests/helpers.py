@@ -95,6 +95,20 @@ def check_op(op_type, inputs, attrs=None, opset=17, n_outputs=1, out_dtypes=None
     return check_model(model, feeds, tol)
 
 
+def check_contrib_op(op_type, inputs, attrs=None, n_outputs=1, out_dtypes=None, tol=1e-4, outputs=None):
+    """One ONNX Runtime (com.microsoft) node checked against ONNX Runtime; `outputs`: which of its
+    n_outputs the model names (False: left out)."""
+    model, feeds = one_node_model(op_type, inputs, attrs, 17, n_outputs, out_dtypes, domain="com.microsoft")
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if outputs is not None:
+        node, graph = model.graph.node[0], model.graph
+        kept = [o for o, want in zip(graph.output, outputs) if want]
+        del node.output[:], graph.output[:]
+        node.output.extend(f"out{i}" if want else "" for i, want in enumerate(outputs))
+        graph.output.extend(kept)
+    return check_model(model, feeds, tol)
+
+
 @contextlib.contextmanager
 def neighbours():
     """Other processes that keep every core busy (pure-Python loops) until the block ends."""

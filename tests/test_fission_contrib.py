@@ -5,7 +5,7 @@ save them (every operator lowered, outputs as ONNX Runtime's)."""
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import Const, check_model, one_node_model, rand
+from helpers import Const, check_contrib_op, check_model, one_node_model, rand
 from onnx import helper
 
 import korch
@@ -13,31 +13,17 @@ import korch
 MS = "com.microsoft"
 
 
-def ms_op(op_type, inputs, attrs=None, n_outputs=1, out_dtypes=None, tol=1e-4, outputs=None, opset=17):
-    """One com.microsoft node (its outputs `outputs`: names, "" for one left out) checked against
-    ONNX Runtime."""
-    model, feeds = one_node_model(op_type, inputs, attrs, opset, n_outputs, out_dtypes, domain=MS)
-    model.opset_import.append(helper.make_opsetid(MS, 1))
-    if outputs is not None:
-        node, graph = model.graph.node[0], model.graph
-        kept = [o for o, want in zip(graph.output, outputs) if want]
-        del node.output[:], graph.output[:]
-        node.output.extend(f"out{i}" if want else "" for i, want in enumerate(outputs))
-        graph.output.extend(kept)
-    return check_model(model, feeds, tol)
-
-
 # ----------------------------------------------------------------- activations
 
 
 def test_gelu_bias_gelu_fast_gelu_quick_gelu():
     x, bias = rand(2, 5, 16) * 3, rand(16, seed=1)
-    ms_op("Gelu", [x])
-    ms_op("BiasGelu", [x, Const(bias)])
-    ms_op("FastGelu", [x])
-    ms_op("FastGelu", [x, Const(bias)])
-    ms_op("QuickGelu", [x])
-    ms_op("QuickGelu", [x], {"alpha": 1.3})
+    check_contrib_op("Gelu", [x])
+    check_contrib_op("BiasGelu", [x, Const(bias)])
+    check_contrib_op("FastGelu", [x])
+    check_contrib_op("FastGelu", [x, Const(bias)])
+    check_contrib_op("QuickGelu", [x])
+    check_contrib_op("QuickGelu", [x], {"alpha": 1.3})
 
 
 # ------------------------------------------------- linear operators with an activation
@@ -62,12 +48,12 @@ GEMM_ACTIVATIONS = {
 def test_fused_gemm(name):
     a, b, c = rand(6, 4) * 2, rand(5, 4, seed=1), rand(5, seed=2)
     attrs = {"activation": name, "transB": 1, "alpha": 0.9, "beta": 1.1, **GEMM_ACTIVATIONS[name]}
-    ms_op("FusedGemm", [a, Const(b), Const(c)], attrs)
+    check_contrib_op("FusedGemm", [a, Const(b), Const(c)], attrs)
 
 
 def test_fused_gemm_without_its_activation_parameter_is_refused():
     with pytest.raises(korch.KorchError, match="needs activation_alpha"):
-        ms_op("FusedGemm", [rand(3, 4), Const(rand(4, 5))], {"activation": "LeakyRelu"})
+        check_contrib_op("FusedGemm", [rand(3, 4), Const(rand(4, 5))], {"activation": "LeakyRelu"})
 
 
 @pytest.mark.parametrize(
@@ -84,7 +70,7 @@ def test_fused_conv(name, params, with_sum):
     if params:
         attrs["activation_params"] = params
     z = [rand(2, 6, 5, 9, seed=3)] if with_sum else []
-    ms_op("FusedConv", [x, Const(w), Const(b), *z], attrs)
+    check_contrib_op("FusedConv", [x, Const(w), Const(b), *z], attrs)
 
 
 @pytest.mark.parametrize(
@@ -100,12 +86,12 @@ def test_fused_conv(name, params, with_sum):
     ],
 )
 def test_fused_matmul(a_layout, b_layout, attrs):
-    ms_op("FusedMatMul", [rand(*a_layout), rand(*b_layout, seed=1)], attrs)
+    check_contrib_op("FusedMatMul", [rand(*a_layout), rand(*b_layout, seed=1)], attrs)
 
 
 def test_fused_matmul_trans_batch_needs_equal_ranks():
     with pytest.raises(korch.KorchError, match="one rank >= 3"):
-        ms_op("FusedMatMul", [rand(4, 3, 5), rand(5, 6, seed=1)], {"transBatchA": 1})
+        check_contrib_op("FusedMatMul", [rand(4, 3, 5), rand(5, 6, seed=1)], {"transBatchA": 1})
 
 
 # ----------------------------------------------------------------- normalization
@@ -114,7 +100,7 @@ def test_fused_matmul_trans_batch_needs_equal_ranks():
 def test_skip_layer_norm_with_every_output():
     x, skip = rand(2, 5, 16), rand(2, 5, 16, seed=1)
     gamma, beta, bias = rand(16, seed=2), rand(16, seed=3), rand(16, seed=4)
-    ms_op(
+    check_contrib_op(
         "SkipLayerNormalization",
         [x, skip, Const(gamma), Const(beta), Const(bias)],
         {"epsilon": 1e-5},
@@ -126,19 +112,25 @@ def test_skip_layer_norm_with_every_output():
     "x_shape,skip_shape", [((2, 5, 16), (5, 16)), ((2, 5, 16), (1, 5, 16)), ((10, 16), (10, 16))]
 )
 def test_skip_layer_norm_broadcast_skip_no_beta(x_shape, skip_shape):
-    ms_op("SkipLayerNormalization", [rand(*x_shape), rand(*skip_shape, seed=1), Const(rand(16, seed=2))])
+    check_contrib_op(
+        "SkipLayerNormalization", [rand(*x_shape), rand(*skip_shape, seed=1), Const(rand(16, seed=2))]
+    )
 
 
 def test_skip_layer_norm_refuses_a_skip_that_does_not_fit():
     with pytest.raises(korch.KorchError, match="does not fit"):
-        ms_op("SkipLayerNormalization", [rand(2, 5, 16), rand(16, seed=1), Const(rand(16, seed=2))])
+        check_contrib_op(
+            "SkipLayerNormalization", [rand(2, 5, 16), rand(16, seed=1), Const(rand(16, seed=2))]
+        )
 
 
 def test_skip_simplified_layer_norm_outputs():
     x, skip, gamma, bias = rand(2, 5, 16), rand(2, 5, 16, seed=1), rand(16, seed=2), rand(16, seed=3)
     inputs = [x, skip, Const(gamma), Const(bias)]
-    ms_op("SkipSimplifiedLayerNormalization", inputs, {"epsilon": 1e-5})
-    ms_op("SkipSimplifiedLayerNormalization", inputs, n_outputs=4, outputs=[True, False, True, True])
+    check_contrib_op("SkipSimplifiedLayerNormalization", inputs, {"epsilon": 1e-5})
+    check_contrib_op(
+        "SkipSimplifiedLayerNormalization", inputs, n_outputs=4, outputs=[True, False, True, True]
+    )
 
 
 def test_skip_simplified_layer_norm_mean_is_refused():
@@ -196,7 +188,7 @@ def _embed_inputs(batch=2, seq=5, hidden=16, vocab=11, segment=True, mask=None, 
 
 def test_embed_layer_norm_counts_the_ones_in_the_mask():
     mask = np.array([[1, 1, 0, 1, 0], [2, 1, 0, -1, 1]], "int32")  # (2 and -1 are not ones)
-    ms_op(
+    check_contrib_op(
         "EmbedLayerNormalization",
         _embed_inputs(mask=mask),
         {"epsilon": 1e-5},
@@ -210,7 +202,7 @@ def test_embed_layer_norm_counts_the_ones_in_the_mask():
 )
 def test_embed_layer_norm_positions_no_segments_no_mask(position_ids):
     inputs = _embed_inputs(segment=False, position_ids=position_ids.astype("int32"))
-    ms_op("EmbedLayerNormalization", inputs, n_outputs=2, out_dtypes=["float32", "int32"])
+    check_contrib_op("EmbedLayerNormalization", inputs, n_outputs=2, out_dtypes=["float32", "int32"])
 
 
 # ------------------------------------------------------------------ attention
@@ -220,7 +212,7 @@ B, S, HIDDEN, HEADS = 2, 5, 16, 2
 
 def attention(inputs, attrs=None, width=3 * HIDDEN):
     x, w, bias = rand(B, S, HIDDEN), rand(HIDDEN, width, seed=1), rand(width, seed=2)
-    ms_op("Attention", [x, Const(w), Const(bias), *inputs], {"num_heads": HEADS, **(attrs or {})})
+    check_contrib_op("Attention", [x, Const(w), Const(bias), *inputs], {"num_heads": HEADS, **(attrs or {})})
 
 
 @pytest.mark.parametrize(
@@ -243,7 +235,7 @@ def test_attention_attention_bias_scale_and_sizes():
     attention([None, None, rand(1, 1, S, S, seed=6)])
     attention([], {"qkv_hidden_sizes": [HIDDEN, HIDDEN, 24]}, width=2 * HIDDEN + 24)
     x, w = rand(B, S, HIDDEN), rand(HIDDEN, 3 * HIDDEN, seed=1)
-    ms_op("Attention", [x, Const(w)], {"num_heads": HEADS, "unidirectional": 1})
+    check_contrib_op("Attention", [x, Const(w)], {"num_heads": HEADS, "unidirectional": 1})
 
 
 def test_attention_with_a_past_state_stays_whole():

@@ -5,7 +5,7 @@ outputs must be equal, element for element."""
 import numpy as np
 import onnx
 import pytest
-from helpers import Const, check_op, rand
+from helpers import Const, check_contrib_op, check_op, rand
 
 
 def ints(*shape, dtype="uint8", seed=0):
@@ -325,7 +325,7 @@ def test_quantized_values_are_compared_as_numbers_other_integers_exactly():
 
 
 def test_an_opaque_operator_may_take_one_tensor_twice():
-    """com.microsoft's QLinearAdd of x with itself (x, its scale and zero point given twice) runs
+    """com.microsoft's QLinearWhere of x with itself (x, its scale and zero point given twice) runs
     whole in ONNX Runtime; its one-node model once declared the repeated inputs twice."""
     from helpers import onnx_model
     from onnx import TensorProto, helper, numpy_helper
@@ -333,12 +333,15 @@ def test_an_opaque_operator_may_take_one_tensor_twice():
     import korch
 
     node = helper.make_node(
-        "QLinearAdd", ["x", "s", "z", "x", "s", "z", "s2", "z"], ["y"], domain="com.microsoft"
+        "QLinearWhere", ["c", "x", "s", "z", "x", "s", "z", "s2", "z"], ["y"], domain="com.microsoft"
     )
     graph = helper.make_graph(
         [node],
         "twice",
-        [helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 5])],
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, [4, 5]),
+            helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 5]),
+        ],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, [4, 5])],
         [
             numpy_helper.from_array(np.float32(0.1), "s"),
@@ -348,7 +351,7 @@ def test_an_opaque_operator_may_take_one_tensor_twice():
     )
     model = onnx_model(graph, opset=17, extra_opsets=[("com.microsoft", 1)])
     result = korch.fission(model)
-    assert result.opaque_ops == ["QLinearAdd"]
+    assert result.opaque_ops == ["QLinearWhere"]
     assert korch.check_fission(result) == 0.0
 
 
@@ -428,14 +431,118 @@ def test_an_opaque_operator_whose_output_is_named_like_its_inputs():
     import korch
 
     node = helper.make_node(
-        "QLinearAdd", ["x", "s", "z", "x", "s", "z", "s", "z"], ["in0"], domain="com.microsoft"
+        "QLinearWhere", ["c", "x", "s", "z", "x", "s", "z", "s", "z"], ["in0"], domain="com.microsoft"
     )
     graph = helper.make_graph(
         [node, helper.make_node("Identity", ["in0"], ["y"])],
         "clash",
-        [helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 5])],
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, [4, 5]),
+            helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 5]),
+        ],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, [4, 5])],
         [numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.uint8(7), "z")],
     )
     result = korch.fission(onnx_model(graph, opset=17, extra_opsets=[("com.microsoft", 1)]))
+    assert [op for op, _ in result.opaque] == ["QLinearWhere"]
     assert korch.check_fission(result) == 0.0
+
+
+# ------------------------------------------------ ONNX Runtime's quantized operators (com.microsoft)
+
+
+def qparams(dtype, seed):
+    scale = np.float32(np.random.default_rng(seed).uniform(0.01, 0.08))
+    lo, hi = {"uint8": (60, 200), "int8": (-60, 60)}[dtype]
+    return Const(scale), Const(np.array(np.random.default_rng(seed + 1).integers(lo, hi), dtype))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_qlinear_add_and_mul_broadcast(dtype):
+    a, b = ints(4, 16, 33, dtype=dtype), ints(16, 33, dtype=dtype, seed=1)
+    for op in ("QLinearAdd", "QLinearMul"):
+        check_contrib_op(op, [a, *qparams(dtype, 2), b, *qparams(dtype, 4), *qparams(dtype, 6)], tol=0)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_qlinear_sigmoid_leaky_relu_softmax(dtype):
+    x = ints(3, 5, 40, dtype=dtype)
+    sigmoid_out = (Const(np.float32(1 / 256)), Const(np.array(0 if dtype == "uint8" else -128, dtype)))
+    # one step apart where ONNX Runtime's table holds MLAS's approximate logistic (238.49999 for
+    # 238.500015: 2 of 600 elements)
+    check_contrib_op("QLinearSigmoid", [x, *qparams(dtype, 1), *sigmoid_out], tol=0.01)
+    check_contrib_op("QLinearLeakyRelu", [x, *qparams(dtype, 1), *qparams(dtype, 3)], {"alpha": 0.2}, tol=0)
+    for opset, axis in ((13, -1), (13, 1), (12, 1)):
+        attrs = {"opset": opset, "axis": axis}
+        check_contrib_op("QLinearSoftmax", [x, *qparams(dtype, 1), *sigmoid_out], attrs, tol=0)
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_qlinear_pools(channels_last):
+    x = ints(2, 8, 7, 9)
+    attrs = {"channels_last": channels_last}
+    check_contrib_op(
+        "QLinearGlobalAveragePool", [x, *qparams("uint8", 1), *qparams("uint8", 3)], attrs, tol=0
+    )
+    pool = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], **attrs}
+    for count_include_pad in (0, 1):
+        pool["count_include_pad"] = count_include_pad
+        check_contrib_op("QLinearAveragePool", [x, *qparams("uint8", 1), *qparams("uint8", 3)], pool, tol=0)
+
+
+def test_qlinear_concat_requantizes_each_input():
+    x, y = ints(2, 3, 4), ints(2, 5, 4, seed=1)
+    out = qparams("uint8", 1)
+    inputs = [*out, x, *qparams("uint8", 3), y, *out]  # (y already at the output's scale)
+    check_contrib_op("QLinearConcat", inputs, {"axis": 1}, out_dtypes=["uint8"], tol=0)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_qgemm(dtype):
+    a, b = ints(6, 40, dtype=dtype), ints(40, 7, dtype="int8", seed=1)
+    bias = Const(ints(7, dtype="int32", seed=2))
+    a_params = qparams(dtype, 3)
+    b_params = Const(np.float32(0.03)), Const(np.int8(0))
+    y_params = Const(np.float32(0.4)), Const(np.array(5, dtype))
+    check_contrib_op("QGemm", [a, *a_params, Const(b), *b_params, bias, *y_params], {"alpha": 0.5}, tol=0)
+    # transposed, per-column scales of B, float output (no y scale)
+    per_column = Const(scales(7, seed=4)), Const(np.zeros(7, "int8"))
+    inputs = [
+        ints(40, 6, dtype=dtype),
+        *a_params,
+        Const(ints(7, 40, dtype="int8", seed=1)),
+        *per_column,
+        bias,
+    ]
+    check_contrib_op("QGemm", inputs, {"transA": 1, "transB": 1}, out_dtypes=["float32"], tol=1e-6)
+
+
+def test_matmul_integer_to_float_and_dynamic_quantize_matmul():
+    a, b = ints(2, 6, 40), ints(40, 7, dtype="int8", seed=1)
+    bias = Const(rand(7, seed=2))
+    inputs = [
+        a,
+        Const(b),
+        Const(np.float32(0.02)),
+        Const(scales(7, seed=3)),
+        Const(np.uint8(120)),
+        None,
+        bias,
+    ]
+    check_contrib_op("MatMulIntegerToFloat", inputs, out_dtypes=["float32"], tol=1e-6)
+    inputs = [rand(2, 6, 40) * 3, Const(b), Const(np.float32(0.03)), Const(np.int8(0)), bias]
+    check_contrib_op("DynamicQuantizeMatMul", inputs, tol=1e-6)
+
+
+def test_a_graph_with_onnx_runtimes_quantizing_operators_is_checked_as_quantized():
+    from helpers import one_node_model
+
+    import korch
+    from korch.tolerance import QUANTIZED_TOLERANCE, graph_tolerance
+
+    x = ints(2, 8, 7, 9)
+    model, _ = one_node_model(
+        "QLinearGlobalAveragePool", [x, *qparams("uint8", 1), *qparams("uint8", 3)], domain="com.microsoft"
+    )
+    model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    assert graph_tolerance(korch.fission(model).graph) == QUANTIZED_TOLERANCE

@@ -62,45 +62,42 @@ def _microsoft(nodes, inputs, outputs, inits):
     return model
 
 
-def qlinear_add_scales():
-    """com.microsoft's QLinearAdd whose scales, zero points and second operand are small
+def qlinear_where_scales():
+    """com.microsoft's QLinearWhere whose scales, zero points and second operand are small
     constants."""
     node = helper.make_node(
-        "QLinearAdd", ["x", "xs", "xz", "b", "bs", "bz", "ys", "yz"], ["y"], domain="com.microsoft"
+        "QLinearWhere", ["c", "x", "xs", "xz", "b", "bs", "bz", "ys", "yz"], ["y"], domain="com.microsoft"
     )
     inits = [
         ("xs", np.float32(0.05)),
         ("xz", np.uint8(120)),
-        ("b", np.random.default_rng(0).integers(0, 255, (2, 4)).astype("uint8")),
-        ("bs", np.float32(0.02)),
-        ("bz", np.uint8(128)),
-        ("ys", np.float32(0.3)),
+        ("b", (np.arange(8, dtype="uint8") * 20).reshape(2, 4)),
+        ("bs", np.float32(0.07)),
+        ("bz", np.uint8(3)),
+        ("ys", np.float32(0.1)),
         ("yz", np.uint8(100)),
     ]
-    out = [("y", TensorProto.UINT8, [2, 4])]
-    return _microsoft([node], [("x", TensorProto.UINT8, [2, 4])], out, inits), "QLinearAdd"
+    inputs = [("c", TensorProto.BOOL, [2, 4]), ("x", TensorProto.UINT8, [2, 4])]
+    return _microsoft([node], inputs, [("y", TensorProto.UINT8, [2, 4])], inits), "QLinearWhere"
 
 
-def qgemm_weight():
-    """com.microsoft's QGemm with a constant weight large enough to be a weight input (integers up
-    to candidates.INDEX_CONSTANT elements are baked in), then fusible ops."""
+def matmul_nbits_weight():
+    """com.microsoft's MatMulNBits (4-bit weights in blocks of 32) with a constant weight large
+    enough to be a weight input (integers up to candidates.INDEX_CONSTANT elements are baked in),
+    then a fusible op."""
+    k, n, block = 256, 64, 32
     nodes = [
         helper.make_node(
-            "QGemm", ["x", "xs", "xz", "w", "ws", "wz", "", "ys", "yz"], ["q"], domain="com.microsoft"
+            "MatMulNBits", ["x", "w", "s"], ["q"], domain="com.microsoft", K=k, N=n, bits=4, block_size=block
         ),
-        helper.make_node("Cast", ["q"], ["f"], to=F),
-        helper.make_node("Tanh", ["f"], ["y"]),
+        helper.make_node("Tanh", ["q"], ["y"]),
     ]
+    rng = np.random.default_rng(0)
     inits = [
-        ("xs", np.float32(0.05)),
-        ("xz", np.uint8(120)),
-        ("w", np.random.default_rng(0).integers(-128, 127, (144, 48)).astype("int8")),
-        ("ws", np.float32(0.02)),
-        ("wz", np.int8(0)),
-        ("ys", np.float32(0.3)),
-        ("yz", np.uint8(100)),
+        ("w", rng.integers(0, 256, (n, k // block, block // 2)).astype("uint8")),
+        ("s", rng.uniform(0.01, 0.05, n * (k // block)).astype("float32")),
     ]
-    return _microsoft(nodes, [("x", TensorProto.UINT8, [3, 144])], [("y", F, [3, 48])], inits), "QGemm"
+    return _microsoft(nodes, [("x", F, [3, k])], [("y", F, [3, n])], inits), "MatMulNBits"
 
 
 def rnn_last_state_only():
@@ -116,8 +113,8 @@ def rnn_last_state_only():
 
 MODELS = {
     "rnn_weights": rnn_weights,
-    "qlinear_add_scales": qlinear_add_scales,
-    "qgemm_weight": qgemm_weight,
+    "qlinear_where_scales": qlinear_where_scales,
+    "matmul_nbits_weight": matmul_nbits_weight,
     "rnn_last_state_only": rnn_last_state_only,
 }
 
@@ -139,9 +136,9 @@ def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
     model, op = MODELS[case]()
     spec, inputs, weights = _opaque_spec(model)
     assert spec.graph.nodes[0].a["op_type"] == op
-    if case in ("rnn_weights", "qlinear_add_scales"):
+    if case in ("rnn_weights", "qlinear_where_scales"):
         assert spec.graph.constants, "the small constant input should be baked into the kernel"
-    if case in ("rnn_weights", "qgemm_weight"):
+    if case in ("rnn_weights", "matmul_nbits_weight"):
         assert weights, "the large constant should be a weight input"
     want = reference.run(spec.graph, dict(zip(spec.graph.inputs, inputs)))
     backend = OnnxRuntimeBackend()

@@ -1,5 +1,8 @@
 """Fission rules for quantized operators: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
-MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv, over 8- and 16-bit integers.
+MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv, over 8- and 16-bit integers; and ONNX
+Runtime's own (com.microsoft: QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
+QLinearConcat, QLinearSoftmax, QLinearAveragePool, QLinearGlobalAveragePool, QGemm,
+MatMulIntegerToFloat, DynamicQuantizeMatMul).
 
 Sums of integer products are taken in float64: ONNX sums them in int32, and every such sum of
 8-bit products fits float64's 53 bits exactly (torch has float64 matmuls and convolutions on CPU
@@ -9,11 +12,15 @@ Quantizing divides (as ONNX Runtime does; a reciprocal would round differently).
 
 from __future__ import annotations
 
+import math
+
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
 from korch.frontend.onnx_types import onnx_dtype
-from korch.frontend.rules_elementwise import clip_core
+from korch.frontend.rules_elementwise import clip_core, leaky_relu_core
 from korch.frontend.rules_linear import add_bias, matmul, spatial_attrs, weight_kernel
+from korch.frontend.rules_pool import average_pool
+from korch.frontend.rules_reduce import softmax
 from korch.prims import Prim
 
 RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
@@ -123,8 +130,12 @@ def quantize_linear(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 @fission("DynamicQuantizeLinear", 11)
 def dynamic_quantize_linear(ctx: Lowering, n: OnnxNode) -> list[str]:
-    """ONNX's function body: the range of x widened to hold 0, mapped onto 0..255."""
-    x = n.inputs[0]
+    return list(dynamic_quantize(ctx, n.inputs[0]))
+
+
+def dynamic_quantize(ctx: Lowering, x: str) -> tuple[str, str, str]:
+    """ONNX's function body: the range of x widened to hold 0, mapped onto 0..255; (y, scale,
+    zero point)."""
     axes = range(ctx.rank(x))
     zero = ctx.scalar(0.0, "float32")
     lo = ctx.elementwise(Prim.MIN, ctx.reduce(Prim.REDUCE_MIN, x, axes, keepdims=False), zero)
@@ -136,7 +147,7 @@ def dynamic_quantize_linear(ctx: Lowering, n: OnnxNode) -> list[str]:
     point = ctx.elementwise(Prim.SUB, zero, ctx.elementwise(Prim.DIV, lo, scale))
     point = clip_core(ctx, point, zero, ctx.scalar(255.0, "float32"))
     point = ctx.cast(ctx.unary(Prim.ROUND, point), "uint8")
-    return [quantize(ctx, x, scale, point, "uint8"), scale, point]
+    return quantize(ctx, x, scale, point, "uint8"), scale, point
 
 
 def _shaped(ctx: Lowering, s: str, shape) -> str:
@@ -215,3 +226,209 @@ def qlinear_conv(ctx: Lowering, n: OnnxNode) -> list[str]:
 
     scales = (_shaped(ctx, s, channel) for s in (x_scale, w_scale, y_scale))
     return [_requantize(ctx, acc, *scales, _shaped(ctx, y_zero, channel))]
+
+
+# ------------------------------------------------ ONNX Runtime's quantized operators (com.microsoft)
+# what its quantizer writes in the QOperator format, and its session optimizer makes of QDQ groups.
+# Each is the float operator between a dequantization and a quantization, per tensor, unless
+# ONNX Runtime computes otherwise (QLinearAdd); tests/test_fission_quant.py checks each against
+# ONNX Runtime to the integer.
+
+MS = "com.microsoft"
+
+
+def _tensor_scale(ctx: Lowering, s: str | None, what: str) -> str | None:
+    """A per-tensor scale or zero point as a scalar (these operators take no other)."""
+    if s is not None and ctx.type(s).numel != 1:
+        ctx.unsupported(f"{what} of shape {list(ctx.shape(s))} (per tensor only)")
+    return None if s is None else ctx.reshape(s, ())
+
+
+def _dq(ctx: Lowering, x: str, scale: str, zero: str | None) -> str:
+    _integer(ctx, ctx.dtype(x))
+    return dequantize(ctx, x, _tensor_scale(ctx, scale, "scale"), _tensor_scale(ctx, zero, "zero point"))
+
+
+def _q(ctx: Lowering, v: str, scale: str, zero: str | None, like: str) -> str:
+    """v quantized per tensor to the zero point's type (the input `like`'s without one)."""
+    dtype = _integer(ctx, ctx.dtype(zero) if zero is not None else ctx.dtype(like))
+    return quantize(ctx, v, _tensor_scale(ctx, scale, "scale"), _tensor_scale(ctx, zero, "zero point"), dtype)
+
+
+def _unary_q(body):
+    """Rules for X, X_scale, X_zero_point, Y_scale, Y_zero_point: quantize(body(dequantize(X)))."""
+
+    def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
+        x = n.inputs[0]
+        v = body(ctx, n, _dq(ctx, x, n.inputs[1], n.input(2)))
+        return [_q(ctx, v, n.inputs[3], n.input(4), x)]
+
+    return rule
+
+
+fission("QLinearSigmoid", 1, domain=MS)(_unary_q(lambda ctx, n, v: ctx.unary(Prim.SIGMOID, v)))
+fission("QLinearLeakyRelu", 1, domain=MS)(
+    _unary_q(lambda ctx, n, v: leaky_relu_core(ctx, v, n.attr("alpha", 0.01)))
+)
+
+
+def _channels_first(ctx: Lowering, n: OnnxNode, v: str, back: bool = False) -> str:
+    """channels_last=1 inputs ([N, *spatial, C]) moved to [N, C, *spatial] (back: and back)."""
+    if not n.attr("channels_last", 0):
+        return v
+    rank = ctx.rank(v)
+    perm = [0, rank - 1, *range(1, rank - 1)]
+    return ctx.transpose(v, [perm.index(i) for i in range(rank)] if back else perm)
+
+
+@fission("QLinearGlobalAveragePool", 1, domain=MS)
+def qlinear_global_average_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    v = _channels_first(ctx, n, _dq(ctx, x, n.inputs[1], n.input(2)))
+    v = ctx.mean(v, range(2, ctx.rank(v)))
+    return [_channels_first(ctx, n, _q(ctx, v, n.inputs[3], n.input(4), x), back=True)]
+
+
+@fission("QLinearAveragePool", 1, domain=MS)
+def qlinear_average_pool(ctx: Lowering, n: OnnxNode) -> list[str]:
+    x = n.inputs[0]
+    v = _channels_first(ctx, n, _dq(ctx, x, n.inputs[1], n.input(2)))
+    (v,) = average_pool(ctx, OnnxNode("AveragePool", n.name, n.opset, [v], 1, n.attrs))
+    return [_channels_first(ctx, n, _q(ctx, v, n.inputs[3], n.input(4), x), back=True)]
+
+
+@fission("QLinearSoftmax", 1, domain=MS)
+def qlinear_softmax(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Softmax as of the `opset` attribute: before 13 over the input flattened to 2-D at axis."""
+    x = n.inputs[0]
+    v = _dq(ctx, x, n.inputs[1], n.input(2))
+    coerce = n.attr("opset") < 13
+    shape = ctx.shape(v)
+    (axis,) = normalize_axes([n.attr("axis", 1 if coerce else -1)], len(shape))
+    if coerce:
+        flat = ctx.reshape(v, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+        v = ctx.reshape(softmax(ctx, flat, 1, log=False), shape)
+    else:
+        v = softmax(ctx, v, axis, log=False)
+    return [_q(ctx, v, n.inputs[3], n.input(4), x)]
+
+
+@fission("QLinearConcat", 1, domain=MS)
+def qlinear_concat(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) per input: each requantized to Y's."""
+    y_scale, y_zero, rest = n.inputs[0], n.inputs[1], n.inputs[2:]
+    if len(rest) % 3 or not rest:
+        raise KorchError(f"QLinearConcat takes (tensor, scale, zero point) triples, not {len(rest)} inputs")
+    parts = [
+        _q(ctx, _dq(ctx, x, scale, zero), y_scale, y_zero, x)
+        for x, scale, zero in zip(rest[0::3], rest[1::3], rest[2::3])
+    ]
+    (axis,) = normalize_axes([n.attr("axis")], ctx.rank(parts[0]))
+    return [ctx.concat(parts, axis)]
+
+
+@fission("QLinearMul", 1, domain=MS)
+def qlinear_mul(ctx: Lowering, n: OnnxNode) -> list[str]:
+    a, b = n.inputs[0], n.inputs[3]
+    product = ctx.elementwise(
+        Prim.MUL, _dq(ctx, a, n.inputs[1], n.input(2)), _dq(ctx, b, n.inputs[4], n.input(5))
+    )
+    return [_q(ctx, product, n.inputs[6], n.input(7), a)]
+
+
+@fission("QLinearAdd", 1, domain=MS)
+def qlinear_add(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """As ONNX Runtime's kernel (MLAS, x86-64) computes it: with ratios rA = sA / sC, rB = sB / sC
+    and fixed = zC - (rA zA + rB zB) in float32, fma(rA, A, fma(rB, B, fixed)), rounded to even
+    and clamped; each fused multiply-add exact in float64, rounded once to float32 (the spec's
+    (sA (A - zA) + sB (B - zB)) / sC + zC rounds differently in about 0.5% of elements)."""
+    a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero = (n.input(i) for i in range(8))
+    dtype = _integer(ctx, ctx.dtype(c_zero) if c_zero is not None else ctx.dtype(a))
+    for v in (a, b):
+        _integer(ctx, ctx.dtype(v))
+    sa, sb, sc = (ctx.cast(_tensor_scale(ctx, s, "scale"), "float32") for s in (a_scale, b_scale, c_scale))
+    ratio_a, ratio_b = ctx.elementwise(Prim.DIV, sa, sc), ctx.elementwise(Prim.DIV, sb, sc)
+
+    def point(z: str | None) -> str:
+        return (
+            ctx.scalar(0.0, "float32")
+            if z is None
+            else ctx.cast(_tensor_scale(ctx, z, "zero point"), "float32")
+        )
+
+    shift = ctx.elementwise(
+        Prim.ADD,
+        ctx.elementwise(Prim.MUL, ratio_a, point(a_zero)),
+        ctx.elementwise(Prim.MUL, ratio_b, point(b_zero)),
+    )
+    fixed = ctx.elementwise(Prim.SUB, point(c_zero), shift)
+
+    def fma(ratio: str, v: str, addend: str) -> str:
+        wide = ctx.elementwise(Prim.MUL, ctx.cast(ratio, "float64"), ctx.cast(v, "float64"))
+        return ctx.cast(ctx.elementwise(Prim.ADD, wide, ctx.cast(addend, "float64")), "float32")
+
+    return [saturate(ctx, fma(ratio_a, a, fma(ratio_b, b, fixed)), None, dtype)]
+
+
+def _scaled_product(
+    ctx: Lowering, a: str, a_zero: str | None, b: str, b_zero: str | None, row, column
+) -> str:
+    """(a - a_zero) @ (b - b_zero), exact in float64."""
+    return matmul(ctx, _centered(ctx, a, a_zero, row), _centered(ctx, b, b_zero, column))
+
+
+@fission("QGemm", 1, domain=MS)
+def qgemm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """alpha (A - zA)(B - zB) + C (int32, added exactly) requantized to Y's scale and zero point, or
+    without them, in float32 ((acc + C) * alpha * sA * sB). B's scale and zero point per tensor or
+    per column."""
+    a, a_scale, a_zero, b, b_scale, b_zero = (n.inputs[i] for i in range(6))
+    c, y_scale, y_zero = n.input(6), n.input(7), n.input(8)
+    if n.attr("transA", 0):
+        a = ctx.transpose(a, (1, 0))
+    if n.attr("transB", 0):
+        b = ctx.transpose(b, (1, 0))
+    column = lambda k: (k,)  # noqa: E731
+    acc = _scaled_product(ctx, a, _tensor_scale(ctx, a_zero, "zero point"), b, b_zero, column, column)
+    if c is not None:
+        acc = ctx.elementwise(Prim.ADD, acc, ctx.cast(c, "float64"))
+    alpha = n.attr("alpha", 1.0)
+    sa = ctx.cast(_tensor_scale(ctx, a_scale, "scale"), "float32")
+    if alpha != 1.0:
+        sa = ctx.elementwise(Prim.MUL, ctx.scalar(alpha, "float32"), sa)
+    sb = _shaped(ctx, b_scale, column)
+    if y_scale is not None and y_zero is None:
+        ctx.unsupported("QGemm with y_scale but no y_zero_point")
+    if y_scale is None:
+        scale = ctx.elementwise(Prim.MUL, sa, ctx.cast(sb, "float32"))
+        return [ctx.elementwise(Prim.MUL, ctx.cast(acc, "float32"), scale)]
+    return [_requantize(ctx, acc, sa, sb, _tensor_scale(ctx, y_scale, "scale"), _shaped(ctx, y_zero, column))]
+
+
+def _integer_to_float(ctx, a, a_scale, a_zero, b, b_scale, b_zero, bias) -> str:
+    """(A - zA)(B - zB) * (sA * sB) + bias in float32; A per tensor, B per tensor or per column."""
+    column = lambda k: (k,)  # noqa: E731
+    acc = _scaled_product(ctx, a, _tensor_scale(ctx, a_zero, "zero point"), b, b_zero, column, column)
+    scale = ctx.elementwise(
+        Prim.MUL,
+        ctx.cast(_tensor_scale(ctx, a_scale, "scale"), "float32"),
+        ctx.cast(_shaped(ctx, b_scale, column), "float32"),
+    )
+    y = ctx.elementwise(Prim.MUL, ctx.cast(acc, "float32"), scale)
+    return y if bias is None else ctx.elementwise(Prim.ADD, y, bias)
+
+
+@fission("MatMulIntegerToFloat", 1, domain=MS)
+def matmul_integer_to_float(ctx: Lowering, n: OnnxNode) -> list[str]:
+    a, b, a_scale, b_scale, a_zero, b_zero, bias = (n.input(i) for i in range(7))
+    return [_integer_to_float(ctx, a, a_scale, a_zero, b, b_scale, b_zero, bias)]
+
+
+@fission("DynamicQuantizeMatMul", 1, domain=MS)
+def dynamic_quantize_matmul(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """A quantized as DynamicQuantizeLinear does, then MatMulIntegerToFloat."""
+    a, b, b_scale, b_zero, bias = (n.input(i) for i in range(5))
+    if ctx.dtype(a) != "float32":
+        ctx.unsupported(f"DynamicQuantizeMatMul of {ctx.dtype(a)}")
+    qa, a_scale, a_zero = dynamic_quantize(ctx, a)
+    return [_integer_to_float(ctx, qa, a_scale, a_zero, b, b_scale, b_zero, bias)]
