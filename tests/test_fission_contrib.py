@@ -238,15 +238,65 @@ def test_attention_attention_bias_scale_and_sizes():
     check_contrib_op("Attention", [x, Const(w)], {"num_heads": HEADS, "unidirectional": 1})
 
 
-def test_attention_with_a_past_state_stays_whole():
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_attention_after_a_past_state(unidirectional):
     x, w, bias = rand(B, S, HIDDEN), rand(HIDDEN, 3 * HIDDEN, seed=1), rand(3 * HIDDEN, seed=2)
     past = rand(2, B, HEADS, 3, HIDDEN // HEADS, seed=3)
-    model, feeds = one_node_model(
-        "Attention", [x, Const(w), Const(bias), None, past], {"num_heads": HEADS}, n_outputs=2, domain=MS
+    lengths = np.array([6, 8], "int32")  # (of past and new keys together)
+    attrs = {"num_heads": HEADS, "unidirectional": unidirectional}
+    check_contrib_op("Attention", [x, Const(w), Const(bias), lengths, past], attrs, n_outputs=2)
+
+
+def mha(inputs, attrs=None, n_outputs=1, kv=S):
+    q, k, v = rand(B, S, HIDDEN), rand(B, kv, HIDDEN, seed=1), rand(B, kv, HIDDEN, seed=2)
+    check_contrib_op(
+        "MultiHeadAttention", [q, k, v, *inputs], {"num_heads": HEADS, **(attrs or {})}, n_outputs
     )
+
+
+def test_multi_head_attention():
+    mha([Const(rand(3 * HIDDEN, seed=3))], kv=7)  # cross attention, with the projections' bias
+    mha([None, np.array([4, 7], "int32")], kv=7)
+    mha([None, np.array([[1, 1, 0, 1, 1, 0, 1], [1] * 7], "int32")], {"mask_filter_value": -300.0}, kv=7)
+    mha([None, None, rand(B, HEADS, S, 7, seed=4)], {"scale": 0.4}, kv=7)
+    mha([None, np.array([[1, 0, 1, 1, 0], [1] * 5], "int32")], {"unidirectional": 1})
+
+
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_multi_head_attention_after_past_keys_and_values(unidirectional):
+    size = HIDDEN // HEADS
+    past = [rand(B, HEADS, 3, size, seed=5), rand(B, HEADS, 3, size, seed=6)]
+    mha([None, None, None, *past], {"unidirectional": unidirectional}, n_outputs=3)
+
+
+def test_multi_head_attention_with_split_keys_and_values():
+    q, k, v = rand(B, S, HIDDEN), rand(B, HEADS, 7, HIDDEN // HEADS, seed=1), rand(B, HEADS, 7, 8, seed=2)
+    check_contrib_op("MultiHeadAttention", [q, k, v], {"num_heads": HEADS})
+
+
+def test_multi_head_attention_packed_is_refused_as_onnx_runtime_refuses_it():
+    """ONNX Runtime's CPU kernel runs no packed QKV: korch keeps the node whole, which ONNX Runtime
+    then cannot run either: a one-line error."""
+    packed = rand(B, S, HEADS, 3, HIDDEN // HEADS)
+    model, _ = one_node_model("MultiHeadAttention", [packed], {"num_heads": HEADS}, domain=MS)
     model.opset_import.append(helper.make_opsetid(MS, 1))
-    result = check_model(model, feeds, allow_opaque=True)
-    assert [op for op, _ in result.opaque] == ["Attention"]
+    with pytest.raises(korch.KorchError, match="Packed QKV"):
+        korch.fission(model)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("dim", [0, 4])
+def test_rotary_embedding(interleaved, dim):
+    size, positions = HIDDEN // HEADS, 16
+    width = (dim or size) // 2
+    cos, sin = Const(rand(positions, width, seed=1)), Const(rand(positions, width, seed=2))
+    attrs = {"interleaved": interleaved, "num_heads": HEADS, "rotary_embedding_dim": dim}
+    ids = np.random.default_rng(3).integers(0, positions, (B, S))
+    check_contrib_op("RotaryEmbedding", [rand(B, S, HIDDEN), ids, cos, sin], attrs)
+    check_contrib_op("RotaryEmbedding", [rand(B, S, HIDDEN), np.array([3]), cos, sin], attrs)  # offset
+    check_contrib_op("RotaryEmbedding", [rand(B, HEADS, S, size), ids, cos, sin], attrs)
+    if not dim:  # the heads as wide as the rotation
+        check_contrib_op("RotaryEmbedding", [rand(B, S, HIDDEN), ids, cos, sin], {"interleaved": interleaved})
 
 
 # ------------------------------------------------- whole models as ONNX Runtime saves them

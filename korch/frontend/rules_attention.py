@@ -191,17 +191,24 @@ def attend(
 
 @fission("RotaryEmbedding", 23)
 def rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
-    """x's first rotary_embedding_dim features of each head rotated pairwise by the cached angles
-    of their positions (the spec's function): a pair is the two halves of those features, or two
-    neighbours (interleaved); the other features pass through. x is [batch, heads, seq, size], or
-    [batch, seq, heads * size] with num_heads; the caches are [positions, dim / 2], read at
+    """The spec's function (see rotary); the caches are [positions, dim / 2], read at
     position_ids, or [batch, seq, dim / 2] already read."""
     x, cos, sin = n.inputs[:3]
     positions = n.input(3)
+    if ctx.rank(x) == 3 and not n.attr("num_heads", 0):
+        raise KorchError("RotaryEmbedding on a 3D input needs num_heads")
+    heads, dim = n.attr("num_heads", 0), n.attr("rotary_embedding_dim", 0)
+    if positions is not None:
+        cos, sin = (ctx.emit(Prim.GATHER, c, positions, axis=0) for c in (cos, sin))
+    return [rotary(ctx, x, cos, sin, heads, dim, n.attr("interleaved", 0))]
+
+
+def rotary(ctx: Lowering, x: str, cos: str, sin: str, heads: int, dim: int, interleaved: bool) -> str:
+    """x's first `dim` features of each head (all when 0) rotated pairwise by the cached angles of
+    their positions: a pair is the two halves of those features, or two neighbours (interleaved);
+    the other features pass through. x is [batch, heads, seq, size], or [batch, seq, heads * size]
+    with `heads`; cos and sin [batch or 1, seq, dim / 2]."""
     if ctx.rank(x) == 3:
-        heads = n.attr("num_heads", 0)
-        if not heads:
-            raise KorchError("RotaryEmbedding on a 3D input needs num_heads")
         batch, seq, hidden = ctx.shape(x)
         rows = ctx.reshape(x, (batch, seq, heads, hidden // heads))
     elif ctx.rank(x) == 4:
@@ -209,17 +216,15 @@ def rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
     else:
         raise KorchError(f"RotaryEmbedding on a rank-{ctx.rank(x)} input")
     batch, seq, heads, size = ctx.shape(rows)
-    dim = n.attr("rotary_embedding_dim", 0) or size
+    dim = dim or size
     half = dim // 2
-    if positions is not None:
-        cos, sin = (ctx.emit(Prim.GATHER, c, positions, axis=0) for c in (cos, sin))
     if ctx.shape(cos)[-1] != half or ctx.shape(sin)[-1] != half:
         raise KorchError(
             f"RotaryEmbedding caches of width {ctx.shape(cos)[-1]}, not rotary_embedding_dim / 2 = {half}"
         )
     cos, sin = (ctx.reshape(c, (*ctx.shape(c)[:2], 1, half)) for c in (cos, sin))
     rotated = ctx.slice_axis(rows, 3, 0, dim)
-    if n.attr("interleaved", 0):
+    if interleaved:
         x1, x2 = ctx.slice_axis(rotated, 3, 0, half, 2), ctx.slice_axis(rotated, 3, 1, half, 2)
     else:
         x1, x2 = ctx.slice_axis(rotated, 3, 0, half), ctx.slice_axis(rotated, 3, half, half)
@@ -229,15 +234,15 @@ def rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
 
     real = ctx.elementwise(Prim.SUB, mul(cos, x1), mul(sin, x2))
     imag = ctx.elementwise(Prim.ADD, mul(sin, x1), mul(cos, x2))
-    if n.attr("interleaved", 0):
+    if interleaved:
         pairs = [ctx.reshape(v, (batch, seq, heads, half, 1)) for v in (real, imag)]
         rotated = ctx.reshape(ctx.concat(pairs, 4), (batch, seq, heads, dim))
     else:
         rotated = ctx.concat([real, imag], 3)
     out = rotated if dim == size else ctx.concat([rotated, ctx.slice_axis(rows, 3, dim, size - dim)], 3)
     if ctx.rank(x) == 3:
-        return [ctx.reshape(out, ctx.shape(x))]
-    return [ctx.transpose(out, (0, 2, 1, 3))]
+        return ctx.reshape(out, ctx.shape(x))
+    return ctx.transpose(out, (0, 2, 1, 3))
 
 
 @fission("LinearAttention", 27)

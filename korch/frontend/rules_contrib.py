@@ -14,7 +14,7 @@ import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
-from korch.frontend.rules_attention import _heads, attend
+from korch.frontend.rules_attention import _heads, attend, rotary
 from korch.frontend.rules_elementwise import clip_core, gelu_core
 from korch.frontend.rules_linear import conv, gemm, matmul
 from korch.frontend.rules_recurrent import activation
@@ -246,18 +246,48 @@ def _masked_keys(ctx: Lowering, mask: str, batch: int, seq: int, total: int) -> 
     raise AssertionError  # (unsupported raises)
 
 
+def _scores_bias(
+    ctx: Lowering, n: OnnxNode, mask: str | None, attention_bias: str | None, shape, dtype: str
+) -> str | None:
+    """What ONNX Runtime adds to the scaled scores [batch, heads, seq, total]: mask_filter_value (a
+    finite -10000 by default) where the mask hides a key; -inf at a causal (unidirectional) model's
+    future keys, aligned bottom-right (query i sits at i + total - seq): ONNX Runtime never reads
+    them, so a query the mask hides every past key from still spreads over those past keys; and
+    attention_bias."""
+    batch, seq, total = shape
+    fill = n.attr("mask_filter_value", -10000.0)
+    bias = None
+    if mask is not None:
+        masked = _masked_keys(ctx, mask, batch, seq, total)
+        bias = ctx.elementwise(Prim.WHERE, masked, ctx.scalar(fill, dtype), ctx.scalar(0, dtype))
+    terms = [bias]
+    if n.attr("unidirectional", 0):
+        terms.append(ctx.const(np.triu(np.full((seq, total), -np.inf, dtype), 1 + total - seq)))
+    terms.append(attention_bias)
+    for term in terms[1:]:
+        if term is not None:
+            bias = term if bias is None else ctx.elementwise(Prim.ADD, bias, term)
+    return bias
+
+
+def _merge_heads(ctx: Lowering, y: str) -> str:
+    """[batch, heads, seq, size] -> [batch, seq, heads * size]."""
+    b, h, s, d = ctx.shape(y)
+    return ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, s, h * d))
+
+
 @fission("Attention", 1, domain=MS)
-def ms_attention(ctx: Lowering, n: OnnxNode) -> list[str]:
+def ms_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     """Multi-head self-attention from one packed projection: [q | k | v] = input @ weights + bias,
-    softmax(q k^T * scale + mask + attention_bias) v per head. A masked score gets mask_filter_value
-    added (a finite -10000 by default); a causal (unidirectional) model's future keys none."""
+    softmax(q k^T * scale + mask + attention_bias) v per head (see _scores_bias), after a past
+    state [2, batch, heads, past, size] if given; outputs y and the present state."""
     x, weights, bias, mask = n.inputs[0], n.inputs[1], n.input(2), n.input(3)
     past, attention_bias = n.input(4), n.input(5)
-    if past is not None or n.input(6) is not None:
-        ctx.unsupported("Attention with a past state")
-    if n.attr("do_rotary", 0):
-        ctx.unsupported("Attention with do_rotary")
-    n.attr("rotary_embedding_dim", 0), n.attr("past_present_share_buffer", 0)  # (no past: no effect)
+    if n.input(6) is not None:
+        ctx.unsupported("Attention with past_sequence_length (a shared past buffer)")
+    if n.attr("do_rotary", 0) or n.attr("past_present_share_buffer", 0):
+        ctx.unsupported("Attention with do_rotary or past_present_share_buffer")
+    n.attr("rotary_embedding_dim", 0)  # (do_rotary's)
     dtype = ctx.dtype(x)
     if dtype not in FLOAT_DTYPES or ctx.rank(x) != 3:
         raise KorchError(f"Attention input must be a 3-D float tensor, not {dtype} {list(ctx.shape(x))}")
@@ -267,26 +297,87 @@ def ms_attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     sizes = list(n.attr("qkv_hidden_sizes", None) or [width // 3] * 3)
     if len(sizes) != 3 or sum(sizes) != width or sizes[0] != sizes[1] or any(s % heads for s in sizes):
         raise KorchError(f"Attention qkv sizes {sizes} do not split weights {width} wide into {heads} heads")
+    if past is not None and len(set(sizes)) != 1:
+        raise KorchError("Attention with a past state needs equal q, k and v sizes")
     packed = matmul(ctx, x, weights)
     if bias is not None:
         packed = ctx.elementwise(Prim.ADD, packed, bias)
     q, k, v = (_heads(ctx, ctx.slice_axis(packed, 2, sum(sizes[:i]), sizes[i]), heads) for i in range(3))
-
-    # mask_filter_value added where the mask hides a key; a causal (unidirectional) model's future
-    # keys left out altogether (-inf: ONNX Runtime never reads them), so that a query the mask
-    # hides every past key from still spreads over those past keys
-    fill = n.attr("mask_filter_value", -10000.0)
-    scores_bias = None
-    if mask is not None:
-        masked = _masked_keys(ctx, mask, batch, seq, seq)
-        scores_bias = ctx.elementwise(Prim.WHERE, masked, ctx.scalar(fill, dtype), ctx.scalar(0, dtype))
-    if n.attr("unidirectional", 0):
-        future = ctx.const(np.triu(np.full((seq, seq), -np.inf, dtype), 1))
-        scores_bias = future if scores_bias is None else ctx.elementwise(Prim.ADD, scores_bias, future)
-    if attention_bias is not None:
-        scores_bias = (
-            attention_bias if scores_bias is None else ctx.elementwise(Prim.ADD, scores_bias, attention_bias)
+    if past is not None:
+        size = ctx.shape(past)[1:]
+        k, v = (
+            ctx.concat([ctx.reshape(ctx.slice_axis(past, 0, i, 1), size), t], 2) for i, t in enumerate((k, v))
         )
+    total = ctx.shape(k)[2]
+    scores_bias = _scores_bias(ctx, n, mask, attention_bias, (batch, seq, total), dtype)
     scale = n.attr("scale", None)
     y, _ = attend(ctx, q, k, v, scores_bias, False, scale if scale else 1 / math.sqrt(sizes[0] // heads))
-    return [ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (batch, seq, sizes[2]))]
+    if not n.wants(1):
+        return [_merge_heads(ctx, y), None]
+    if len(set(sizes)) != 1:
+        raise KorchError("Attention's present output needs equal q, k and v sizes")
+    present = ctx.concat([ctx.reshape(t, (1, *ctx.shape(t))) for t in (k, v)], 0)
+    return [_merge_heads(ctx, y), present]
+
+
+@fission("MultiHeadAttention", 1, domain=MS)
+def ms_multi_head_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
+    """softmax(q k^T * scale + mask + attention_bias) v per head (see _scores_bias), from q
+    [batch, seq, hidden], k and v [batch, kv, hidden] (each with its slice of bias) or already
+    [batch, heads, kv, size], after past_key and past_value if given; outputs y, present_key and
+    present_value. (ONNX Runtime's CPU kernel runs no packed QKV or KV, nor the qk output.)"""
+    q, k, v, bias, mask, attention_bias, past_k, past_v = (n.input(i) for i in range(8))
+    if n.input(8) is not None or n.input(9) is not None:
+        ctx.unsupported("MultiHeadAttention with past_sequence_length or cache_indirection")
+    if k is None or v is None or ctx.rank(q) != 3:
+        ctx.unsupported("MultiHeadAttention with packed QKV or KV")
+    if n.wants(3):
+        ctx.unsupported("MultiHeadAttention's qk output")
+    if (past_k is None) != (past_v is None):
+        raise KorchError("MultiHeadAttention needs past_key and past_value together")
+    dtype, heads = ctx.dtype(q), n.attr("num_heads")
+    if dtype not in FLOAT_DTYPES:
+        raise KorchError(f"MultiHeadAttention on {dtype}")
+    batch, seq, hidden = ctx.shape(q)
+    sizes = [hidden, hidden, ctx.shape(v)[-1] * (1 if ctx.rank(v) == 3 else ctx.shape(v)[1])]
+    if bias is not None and ctx.shape(bias) != (sum(sizes),):
+        raise KorchError(f"MultiHeadAttention bias {list(ctx.shape(bias))} is not [{sum(sizes)}]")
+    projected = []
+    for i, t in enumerate((q, k, v)):
+        if ctx.rank(t) == 4:  # [batch, heads, kv, size]: already split, no bias
+            if bias is not None:
+                ctx.unsupported("MultiHeadAttention with a bias and 4-D key or value")
+            projected.append(t)
+            continue
+        if bias is not None:
+            t = ctx.elementwise(Prim.ADD, t, ctx.slice_axis(bias, 0, sum(sizes[:i]), sizes[i]))
+        projected.append(_heads(ctx, t, heads))
+    q, k, v = projected
+    if past_k is not None:
+        k, v = ctx.concat([past_k, k], 2), ctx.concat([past_v, v], 2)
+    total = ctx.shape(k)[2]
+    scores_bias = _scores_bias(ctx, n, mask, attention_bias, (batch, seq, total), dtype)
+    scale = n.attr("scale", None)
+    y, _ = attend(ctx, q, k, v, scores_bias, False, scale if scale else 1 / math.sqrt(hidden // heads))
+    return [_merge_heads(ctx, y), k, v, None]
+
+
+@fission("RotaryEmbedding", 1, domain=MS)
+def ms_rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """ONNX's RotaryEmbedding with ONNX Runtime's inputs (x, position_ids, cos_cache, sin_cache):
+    position_ids [batch, seq], or one offset (positions offset, offset + 1, ...); without num_heads
+    a 3-D x's heads are as wide as the rotation. (scale: ONNX Runtime's CPU kernel ignores it.)"""
+    x, positions, cos, sin = n.inputs[:4]
+    if n.attr("is_packed_batching", 0):
+        ctx.unsupported("RotaryEmbedding with is_packed_batching")
+    n.attr("scale", 1.0)
+    dim = n.attr("rotary_embedding_dim", 0)
+    heads = n.attr("num_heads", 0)
+    if ctx.rank(x) == 3 and not heads:
+        heads = ctx.shape(x)[2] // (2 * ctx.shape(cos)[-1])
+    seq = ctx.shape(x)[-2] if ctx.rank(x) == 4 else ctx.shape(x)[1]
+    if ctx.type(positions).numel == 1 and ctx.shape(positions) != (ctx.shape(x)[0], seq):
+        steps = ctx.const(np.arange(seq, dtype=ctx.dtype(positions)).reshape(1, seq))
+        positions = ctx.elementwise(Prim.ADD, steps, ctx.reshape(positions, ()))
+    cos, sin = (ctx.emit(Prim.GATHER, c, positions, axis=0) for c in (cos, sin))
+    return [rotary(ctx, x, cos, sin, heads, dim, n.attr("interleaved", 0))]
