@@ -9,7 +9,8 @@ did, each stayed opaque, one ONNX Runtime kernel that nothing fused with.
 
 Per file, as benchmarks/quantized_zoo.py: primitives, opaque operators, the primitive graph's error
 against ONNX Runtime, the plan's kernels and backends, `plan.verify()`, medians of korch and ONNX
-Runtime (interleaved). Usage:
+Runtime (interleaved); then, in a run of their own, ONNX Runtime on the original file against the
+saved one (interleaved; both at ORT_ENABLE_ALL). Usage:
 `python benchmarks/ort_saved_zoo.py [MODEL ...] --dir DIR [--forms session,transformers]
 [--time-budget S] [--cache DB]`.
 """
@@ -17,12 +18,16 @@ Runtime (interleaved). Usage:
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
+import torch
 from quantized_zoo import measure
 
 import korch
+from korch import check
+from korch.runtime import interleave
 from korch.zoo import build
 
 FORMS = ("session", "transformers")
@@ -51,6 +56,25 @@ def save(source: Path, form: str, out: Path, name: str) -> bool:
     return True
 
 
+def original_vs_saved(source: Path, saved: Path, rounds: int = 10) -> str:
+    """Medians of ONNX Runtime on the original file and on the saved one, interleaved."""
+    import onnxruntime as ort
+
+    feeds = check.random_inputs(korch.fission(source).graph, 0)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = torch.get_num_threads()
+    systems = {}
+    for label, path in (("original", source), ("saved", saved)):
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        systems[label] = lambda session=session: session.run(None, feeds)
+        for _ in range(3):
+            systems[label]()
+    by_round = interleave(systems, rounds, 0.05, "cpu", round_pause_s=1.0)
+    medians = {k: statistics.median(ms for r in rs for ms in r) for k, rs in by_round.items()}
+    return f"{medians['original']:9.3f} {medians['saved']:9.3f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -69,7 +93,9 @@ def main() -> None:
 
     print(f"onnxruntime {onnxruntime.__version__}, korch {korch.__version__}, budget {args.time_budget:g} s")
     head = f"{'prims':>6s} {'opaque':>6s} {'rel err':>8s} {'kernels':>7s} {'backends':22s} {'verify':>8s}"
-    print(f"{'file':32s} {head} {'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s} {'s':>5s}")
+    print(
+        f"{'file':32s} {head} {'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s} {'s':>5s}  ort ms: original saved"
+    )
     directory = Path(args.dir)
     for name in args.models:
         source = build(name, directory)
@@ -80,9 +106,10 @@ def main() -> None:
                 if not out.exists() and not save(source, form, out, name):
                     continue
                 row = measure(out, args.time_budget, args.cache)
+                row = f"{row} {time.perf_counter() - started:5.0f}  {original_vs_saved(source, out)}"
             except korch.KorchError as e:
                 row = f"refused: {e}"
-            print(f"{out.name:32s} {row} {time.perf_counter() - started:5.0f}", flush=True)
+            print(f"{out.name:32s} {row}", flush=True)
 
 
 if __name__ == "__main__":

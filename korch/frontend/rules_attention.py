@@ -18,7 +18,13 @@ from korch.frontend.rules_reduce import softmax
 from korch.prims import FLOAT_DTYPES, Prim
 
 
-def _heads(ctx: Lowering, x: str, heads: int) -> str:
+def merge_heads(ctx: Lowering, y: str) -> str:
+    """[batch, heads, seq, size] -> [batch, seq, heads * size]."""
+    b, h, s, d = ctx.shape(y)
+    return ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, s, h * d))
+
+
+def split_heads(ctx: Lowering, x: str, heads: int) -> str:
     """[batch, seq, heads * size] -> [batch, heads, seq, size]."""
     b, s, hidden = ctx.shape(x)
     if hidden % heads:
@@ -79,7 +85,7 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     if three_d:
         if q_heads is None or kv_heads is None:
             raise KorchError("Attention on 3D inputs needs q_num_heads and kv_num_heads")
-        q, k, v = _heads(ctx, q, q_heads), _heads(ctx, k, kv_heads), _heads(ctx, v, kv_heads)
+        q, k, v = split_heads(ctx, q, q_heads), split_heads(ctx, k, kv_heads), split_heads(ctx, v, kv_heads)
     elif (q_heads, kv_heads) != (None, None) and (q_heads, kv_heads) != (ctx.shape(q)[1], ctx.shape(k)[1]):
         raise KorchError(f"q_num_heads and kv_num_heads {q_heads, kv_heads} disagree with the 4D inputs")
     if past_k is not None:
@@ -122,8 +128,7 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     masked = mask is not None or nonpad is not None or windowed
     y, stages = attend(ctx, q, k, v, bias, masked, n.attr("scale", None), n.attr("softcap", 0.0), precision)
     if three_d:
-        b, h, s, d = ctx.shape(y)
-        y = ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, s, h * d))
+        y = merge_heads(ctx, y)
     # the scaled scores (mode 0: the spec's text and ONNX Runtime; onnx's reference applies the
     # softcap first), after the softcap (1), with the bias too (2), the probabilities (3)
     return [y, *present, stages[mode]][: n.n_outputs]

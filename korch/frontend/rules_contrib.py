@@ -14,7 +14,7 @@ import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
-from korch.frontend.rules_attention import _heads, attend, rotary
+from korch.frontend.rules_attention import attend, merge_heads, rotary, split_heads
 from korch.frontend.rules_elementwise import clip_core, gelu_core
 from korch.frontend.rules_linear import conv, gemm, matmul
 from korch.frontend.rules_recurrent import activation
@@ -270,12 +270,6 @@ def _scores_bias(
     return bias
 
 
-def _merge_heads(ctx: Lowering, y: str) -> str:
-    """[batch, heads, seq, size] -> [batch, seq, heads * size]."""
-    b, h, s, d = ctx.shape(y)
-    return ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, s, h * d))
-
-
 @fission("Attention", 1, domain=MS)
 def ms_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     """Multi-head self-attention from one packed projection: [q | k | v] = input @ weights + bias,
@@ -302,7 +296,7 @@ def ms_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     packed = matmul(ctx, x, weights)
     if bias is not None:
         packed = ctx.elementwise(Prim.ADD, packed, bias)
-    q, k, v = (_heads(ctx, ctx.slice_axis(packed, 2, sum(sizes[:i]), sizes[i]), heads) for i in range(3))
+    q, k, v = (split_heads(ctx, ctx.slice_axis(packed, 2, sum(sizes[:i]), sizes[i]), heads) for i in range(3))
     if past is not None:
         size = ctx.shape(past)[1:]
         k, v = (
@@ -313,11 +307,11 @@ def ms_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     scale = n.attr("scale", None)
     y, _ = attend(ctx, q, k, v, scores_bias, False, scale if scale else 1 / math.sqrt(sizes[0] // heads))
     if not n.wants(1):
-        return [_merge_heads(ctx, y), None]
+        return [merge_heads(ctx, y), None]
     if len(set(sizes)) != 1:
         raise KorchError("Attention's present output needs equal q, k and v sizes")
     present = ctx.concat([ctx.reshape(t, (1, *ctx.shape(t))) for t in (k, v)], 0)
-    return [_merge_heads(ctx, y), present]
+    return [merge_heads(ctx, y), present]
 
 
 @fission("MultiHeadAttention", 1, domain=MS)
@@ -351,7 +345,7 @@ def ms_multi_head_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
             continue
         if bias is not None:
             t = ctx.elementwise(Prim.ADD, t, ctx.slice_axis(bias, 0, sum(sizes[:i]), sizes[i]))
-        projected.append(_heads(ctx, t, heads))
+        projected.append(split_heads(ctx, t, heads))
     q, k, v = projected
     if past_k is not None:
         k, v = ctx.concat([past_k, k], 2), ctx.concat([past_v, v], 2)
@@ -359,7 +353,7 @@ def ms_multi_head_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     scores_bias = _scores_bias(ctx, n, mask, attention_bias, (batch, seq, total), dtype)
     scale = n.attr("scale", None)
     y, _ = attend(ctx, q, k, v, scores_bias, False, scale if scale else 1 / math.sqrt(hidden // heads))
-    return [_merge_heads(ctx, y), k, v, None]
+    return [merge_heads(ctx, y), k, v, None]
 
 
 @fission("RotaryEmbedding", 1, domain=MS)
