@@ -3,8 +3,11 @@ onnx`), then optimized by korch and verified. The models are hf_sweep.py's tiny 
 configurations, saved and exported with optimum's own dummy inputs. Every symbolic dimension is
 pinned (batch 1, 8 tokens, a past of 7; a file with a past decodes one token), and a merged decoder
 (`decoder_model_merged.onnx`: one If on the input use_cache_branch) is optimized once per branch
-with `values={"use_cache_branch": ...}`. Per ONNX file: primitives, the primitive graph's error
-against ONNX Runtime, the plan's kernels and backends, `plan.verify()`, seconds.
+with `values={"use_cache_branch": ...}`. With `--ort-optimize O2` (O1 to O3), the exports are
+optimized by optimum's ORTOptimizer first (`optimum-cli onnxruntime optimize`: ONNX Runtime's
+transformer fusions, its com.microsoft operators). Per ONNX file: primitives, opaque operators, the
+primitive graph's error against ONNX Runtime, the plan's kernels and backends, `plan.verify()`,
+seconds.
 
 optimum-onnx needs transformers < 4.58, so it runs in an environment of its own that sees korch
 and torch: `python -m venv --system-site-packages ENV && ENV/bin/pip install optimum-onnx`, then
@@ -74,7 +77,7 @@ def check(path: Path, budget: float, cache: str, values: dict | None = None) -> 
     decode = any("past" in n for n in names) and (values is None or values.get("use_cache_branch", True))
     shapes = {n: s for n, s in shapes_of(model, decode).items() if n not in (values or {})}
     fission = korch.fission(path, shapes=shapes, values=values)
-    row = f"{len(fission.graph.nodes):6d} {korch.check_fission(fission):9.1e}"
+    row = f"{len(fission.graph.nodes):6d} {len(fission.opaque):6d} {korch.check_fission(fission):9.1e}"
     plan = korch.optimize(path, shapes=shapes, values=values, time_budget=budget, cache=cache, progress=False)
     backends = ",".join(sorted({k.backend for k in plan.kernels}))
     return f"{row} {len(plan.kernels):7d} {backends:22s} {plan.verify():9.1e}"
@@ -88,13 +91,16 @@ def main() -> None:
     parser.add_argument("--dir", required=True, help="where the saved models and exports go")
     parser.add_argument("--optimize", type=float, default=5.0, metavar="SECONDS", help="profiling budget")
     parser.add_argument("--cache", help="profile database (default: korch's)")
+    parser.add_argument(
+        "--ort-optimize", choices=["O1", "O2", "O3"], help="optimum's ORTOptimizer level, before korch"
+    )
     args = parser.parse_args()
     import transformers
 
     transformers.logging.set_verbosity_error()
     table = models(transformers)
     print(f"transformers {transformers.__version__}, korch {korch.__version__}")
-    head = f"{'prims':>6s} {'rel err':>9s} {'kernels':>7s} {'backends':22s} {'verify':>9s}"
+    head = f"{'prims':>6s} {'opaque':>6s} {'rel err':>9s} {'kernels':>7s} {'backends':22s} {'verify':>9s}"
     print(f"{'file':42s} {head} {'s':>5s}")
     for name in args.models or TASKS:
         saved, exported = Path(args.dir) / "hf" / name, Path(args.dir) / "onnx" / name
@@ -107,6 +113,14 @@ def main() -> None:
         if done.returncode:
             print(f"{name:42s} optimum's export failed: {done.stderr.strip().splitlines()[-1][:100]}")
             continue
+        if args.ort_optimize:
+            optimized = exported.with_name(f"{name}-{args.ort_optimize}")
+            cli = [*cli[:3], "onnxruntime", "optimize", "--onnx_model", str(exported), "-o", str(optimized)]
+            done = subprocess.run([*cli, f"-{args.ort_optimize}"], capture_output=True, text=True)
+            if done.returncode:
+                print(f"{name:42s} ORTOptimizer failed: {done.stderr.strip().splitlines()[-1][:100]}")
+                continue
+            exported = optimized
         for path in sorted(exported.glob("*.onnx")):
             merged = "merged" in path.name
             for values in [{"use_cache_branch": False}, {"use_cache_branch": True}] if merged else [None]:

@@ -93,10 +93,11 @@ class OnnxNode:
 
 Rule = Callable[["Lowering", OnnxNode], list[str]]
 _RULES: dict[str, list[tuple[int, Rule]]] = {}  # keyed by op type, "domain:op type" outside ONNX's
+DEFAULT_DOMAINS = ("", "ai.onnx")  # (ONNX's, by either name)
 
 
 def _key(op_type: str, domain: str) -> str:
-    return op_type if domain in ("", "ai.onnx") else f"{domain}:{op_type}"
+    return op_type if domain in DEFAULT_DOMAINS else f"{domain}:{op_type}"
 
 
 def fission(op_type: str, *since: int, domain: str = "") -> Callable[[Rule], Rule]:

@@ -15,14 +15,12 @@ from onnx import helper, numpy_helper
 
 from korch.check import integer_division
 from korch.errors import KorchError, Unsupported, error_line
-from korch.frontend.lowering import Attributes, Lowering, OnnxNode, find_rule
+from korch.frontend.lowering import DEFAULT_DOMAINS, Attributes, Lowering, OnnxNode, find_rule
 from korch.frontend.onnx_control import CONTROL_FLOW
 from korch.frontend.onnx_pins import MAX_TENSOR_BYTES, input_types, pin_shapes, pin_values
 from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
 from korch.ir import Graph, GraphBuilder, verify
 from korch.prims import Prim, TensorType
-
-DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 @dataclass

@@ -12,15 +12,13 @@ Quantizing divides (as ONNX Runtime does; a reciprocal would round differently).
 
 from __future__ import annotations
 
-import math
-
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
 from korch.frontend.onnx_types import onnx_dtype
 from korch.frontend.rules_elementwise import clip_core, leaky_relu_core
 from korch.frontend.rules_linear import add_bias, matmul, spatial_attrs, weight_kernel
 from korch.frontend.rules_pool import average_pool
-from korch.frontend.rules_reduce import softmax
+from korch.frontend.rules_reduce import softmax_as_of
 from korch.prims import Prim
 
 RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
@@ -302,14 +300,7 @@ def qlinear_softmax(ctx: Lowering, n: OnnxNode) -> list[str]:
     """Softmax as of the `opset` attribute: before 13 over the input flattened to 2-D at axis."""
     x = n.inputs[0]
     v = _dq(ctx, x, n.inputs[1], n.input(2))
-    coerce = n.attr("opset") < 13
-    shape = ctx.shape(v)
-    (axis,) = normalize_axes([n.attr("axis", 1 if coerce else -1)], len(shape))
-    if coerce:
-        flat = ctx.reshape(v, (math.prod(shape[:axis]), math.prod(shape[axis:])))
-        v = ctx.reshape(softmax(ctx, flat, 1, log=False), shape)
-    else:
-        v = softmax(ctx, v, axis, log=False)
+    v = softmax_as_of(ctx, n, v, log=False, coerce_2d=n.attr("opset") < 13)
     return [_q(ctx, v, n.inputs[3], n.input(4), x)]
 
 

@@ -112,16 +112,20 @@ def softmax(ctx: Lowering, x: str, axis: int, log: bool) -> str:
     return ctx.elementwise(Prim.DIV, e, s)
 
 
+def softmax_as_of(ctx: Lowering, n: OnnxNode, x: str, log: bool, coerce_2d: bool) -> str:
+    """Softmax over the node's axis; `coerce_2d` (before opset 13): over x flattened to 2D at the
+    axis (1 by default), normalised over the tail."""
+    shape = ctx.shape(x)
+    (axis,) = normalize_axes([n.attr("axis", 1 if coerce_2d else -1)], len(shape))
+    if not coerce_2d:
+        return softmax(ctx, x, axis, log)
+    flat = ctx.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+    return ctx.reshape(softmax(ctx, flat, 1, log), shape)
+
+
 def _softmax_rule(log: bool, coerce_2d: bool):
     def rule(ctx: Lowering, n: OnnxNode) -> list[str]:
-        x = n.inputs[0]
-        shape = ctx.shape(x)
-        (axis,) = normalize_axes([n.attr("axis", 1 if coerce_2d else -1)], len(shape))
-        if not coerce_2d:
-            return [softmax(ctx, x, axis, log)]
-        # before opset 13 the input is flattened to 2D at `axis` and normalised over the tail
-        flat = ctx.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
-        return [ctx.reshape(softmax(ctx, flat, 1, log), shape)]
+        return [softmax_as_of(ctx, n, n.inputs[0], log, coerce_2d)]
 
     return rule
 
