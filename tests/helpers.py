@@ -63,7 +63,7 @@ def one_node_model(op_type, inputs, attrs=None, opset=17, n_outputs=1, out_dtype
         [helper.make_tensor_value_info(o, to_onnx_dtype(d), None) for o, d in zip(outs, out_dtypes)],
         inits,
     )
-    return onnx_model(graph, opset), feeds
+    return onnx_model(graph, opset, [(domain, 1)] if domain else ()), feeds
 
 
 def onnx_model(graph, opset=17, extra_opsets=()):
@@ -99,7 +99,6 @@ def check_contrib_op(op_type, inputs, attrs=None, n_outputs=1, out_dtypes=None, 
     """One ONNX Runtime (com.microsoft) node checked against ONNX Runtime; `outputs`: which of its
     n_outputs the model names (False: left out)."""
     model, feeds = one_node_model(op_type, inputs, attrs, 17, n_outputs, out_dtypes, domain="com.microsoft")
-    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     if outputs is not None:
         node, graph = model.graph.node[0], model.graph
         kept = [o for o, want in zip(graph.output, outputs) if want]

@@ -8,17 +8,15 @@ kernels (1.32), which tests/test_fission_contrib.py runs as the oracle."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from korch.errors import KorchError
-from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
+from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.frontend.rules_attention import attend, merge_heads, rotary, split_heads
 from korch.frontend.rules_elementwise import clip_core, gelu_core
 from korch.frontend.rules_linear import conv, gemm, matmul
 from korch.frontend.rules_recurrent import activation
-from korch.frontend.rules_reduce import layer_norm, normalize, rms_core
+from korch.frontend.rules_reduce import layer_norm, normalize, rms_core, rms_norm
 from korch.prims import FLOAT_DTYPES, HALF_DTYPES, Prim
 
 MS = "com.microsoft"
@@ -176,18 +174,10 @@ def skip_simplified_layer_norm(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     return [y, None, inv_rms, total]
 
 
-@fission("SimplifiedLayerNormalization", 1)
-def simplified_layer_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
-    """ONNX Runtime's RMSNorm in ONNX's domain (before RMSNormalization, opset 23): y, 1/rms;
-    float32 whatever stash_type says, as ONNX Runtime computes (see rms_norm)."""
-    x = n.inputs[0]
-    n.attr("stash_type", 1)
-    axis = normalize_axes([n.attr("axis", -1)], ctx.rank(x))[0]
-    return list(rms_core(ctx, x, n.inputs[1], axis, n.attr("epsilon", 1e-5)))
-
-
-# ONNX Runtime's LayerNormalization in ONNX's domain before opset 17 (the same operator)
+# ONNX Runtime's LayerNormalization in ONNX's domain before opset 17 (the same operator), and its
+# SimplifiedLayerNormalization there (RMSNormalization before opset 23; its second output 1/rms)
 fission("LayerNormalization", 1)(layer_norm)
+fission("SimplifiedLayerNormalization", 1)(rms_norm)
 
 
 # ------------------------------------------------------------ BERT's embedding layer
@@ -255,19 +245,28 @@ def _scores_bias(
     them, so a query the mask hides every past key from still spreads over those past keys; and
     attention_bias."""
     batch, seq, total = shape
-    fill = n.attr("mask_filter_value", -10000.0)
-    bias = None
+    terms = []
     if mask is not None:
         masked = _masked_keys(ctx, mask, batch, seq, total)
-        bias = ctx.elementwise(Prim.WHERE, masked, ctx.scalar(fill, dtype), ctx.scalar(0, dtype))
-    terms = [bias]
+        fill = ctx.scalar(n.attr("mask_filter_value", -10000.0), dtype)
+        terms.append(ctx.elementwise(Prim.WHERE, masked, fill, ctx.scalar(0, dtype)))
     if n.attr("unidirectional", 0):
         terms.append(ctx.const(np.triu(np.full((seq, total), -np.inf, dtype), 1 + total - seq)))
-    terms.append(attention_bias)
-    for term in terms[1:]:
-        if term is not None:
-            bias = term if bias is None else ctx.elementwise(Prim.ADD, bias, term)
+    if attention_bias is not None:
+        terms.append(attention_bias)
+    bias = None
+    for term in terms:
+        bias = term if bias is None else ctx.elementwise(Prim.ADD, bias, term)
     return bias
+
+
+def _attend_heads(ctx: Lowering, n: OnnxNode, q: str, k: str, v: str, mask, attention_bias) -> str:
+    """softmax(q k^T * scale + _scores_bias) v over [batch, heads, seq or keys, size] tensors, as
+    [batch, seq, heads * size]; scale the node's, or (0 or none) 1/sqrt(size)."""
+    batch, _, seq, _ = ctx.shape(q)
+    bias = _scores_bias(ctx, n, mask, attention_bias, (batch, seq, ctx.shape(k)[2]), ctx.dtype(q))
+    y, _ = attend(ctx, q, k, v, bias, False, n.attr("scale", 0.0) or None)
+    return merge_heads(ctx, y)
 
 
 @fission("Attention", 1, domain=MS)
@@ -286,7 +285,6 @@ def ms_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     if dtype not in FLOAT_DTYPES or ctx.rank(x) != 3:
         raise KorchError(f"Attention input must be a 3-D float tensor, not {dtype} {list(ctx.shape(x))}")
     heads = n.attr("num_heads")
-    batch, seq, _ = ctx.shape(x)
     width = ctx.shape(weights)[-1]
     sizes = list(n.attr("qkv_hidden_sizes", None) or [width // 3] * 3)
     if len(sizes) != 3 or sum(sizes) != width or sizes[0] != sizes[1] or any(s % heads for s in sizes):
@@ -302,16 +300,13 @@ def ms_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
         k, v = (
             ctx.concat([ctx.reshape(ctx.slice_axis(past, 0, i, 1), size), t], 2) for i, t in enumerate((k, v))
         )
-    total = ctx.shape(k)[2]
-    scores_bias = _scores_bias(ctx, n, mask, attention_bias, (batch, seq, total), dtype)
-    scale = n.attr("scale", None)
-    y, _ = attend(ctx, q, k, v, scores_bias, False, scale if scale else 1 / math.sqrt(sizes[0] // heads))
+    y = _attend_heads(ctx, n, q, k, v, mask, attention_bias)
     if not n.wants(1):
-        return [merge_heads(ctx, y), None]
+        return [y, None]
     if len(set(sizes)) != 1:
         raise KorchError("Attention's present output needs equal q, k and v sizes")
     present = ctx.concat([ctx.reshape(t, (1, *ctx.shape(t))) for t in (k, v)], 0)
-    return [merge_heads(ctx, y), present]
+    return [y, present]
 
 
 @fission("MultiHeadAttention", 1, domain=MS)
@@ -332,7 +327,7 @@ def ms_multi_head_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     dtype, heads = ctx.dtype(q), n.attr("num_heads")
     if dtype not in FLOAT_DTYPES:
         raise KorchError(f"MultiHeadAttention on {dtype}")
-    batch, seq, hidden = ctx.shape(q)
+    hidden = ctx.shape(q)[2]
     sizes = [hidden, hidden, ctx.shape(v)[-1] * (1 if ctx.rank(v) == 3 else ctx.shape(v)[1])]
     if bias is not None and ctx.shape(bias) != (sum(sizes),):
         raise KorchError(f"MultiHeadAttention bias {list(ctx.shape(bias))} is not [{sum(sizes)}]")
@@ -349,11 +344,7 @@ def ms_multi_head_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     q, k, v = projected
     if past_k is not None:
         k, v = ctx.concat([past_k, k], 2), ctx.concat([past_v, v], 2)
-    total = ctx.shape(k)[2]
-    scores_bias = _scores_bias(ctx, n, mask, attention_bias, (batch, seq, total), dtype)
-    scale = n.attr("scale", None)
-    y, _ = attend(ctx, q, k, v, scores_bias, False, scale if scale else 1 / math.sqrt(hidden // heads))
-    return [merge_heads(ctx, y), k, v, None]
+    return [_attend_heads(ctx, n, q, k, v, mask, attention_bias), k, v, None]
 
 
 @fission("RotaryEmbedding", 1, domain=MS)

@@ -168,11 +168,21 @@ def _per_row(rank: int):
     return lambda m: (m, 1) if rank > 1 else (m,)
 
 
+def _per_column(k: int) -> tuple[int, ...]:
+    return (k,)
+
+
+def _centered_product(ctx: Lowering, a: str, a_zero: str | None, b: str, b_zero: str | None) -> str:
+    """(a - a_zero) @ (b - b_zero), exact in float64; a's zero point per tensor or per row, b's per
+    tensor or per column."""
+    a_centered = _centered(ctx, a, a_zero, _per_row(ctx.rank(a)))
+    return matmul(ctx, a_centered, _centered(ctx, b, b_zero, _per_column))
+
+
 @fission("MatMulInteger", 10)
 def matmul_integer(ctx: Lowering, n: OnnxNode) -> list[str]:
-    a = _centered(ctx, n.inputs[0], n.input(2), _per_row(ctx.rank(n.inputs[0])))
-    b = _centered(ctx, n.inputs[1], n.input(3), lambda k: (k,))
-    return [ctx.cast(matmul(ctx, a, b), "int32")]
+    product = _centered_product(ctx, n.inputs[0], n.input(2), n.inputs[1], n.input(3))
+    return [ctx.cast(product, "int32")]
 
 
 def _conv64(ctx: Lowering, n: OnnxNode, x: str, w: str, xz: str | None, wz: str | None) -> str:
@@ -205,10 +215,13 @@ def _requantize(ctx: Lowering, acc: str, a_scale: str, b_scale: str, y_scale: st
 def qlinear_matmul(ctx: Lowering, n: OnnxNode) -> list[str]:
     """a's scale and zero point per tensor or per row, b's and y's per tensor or per column."""
     a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero = (n.inputs[i] for i in range(8))
-    row, column = _per_row(ctx.rank(a)), (lambda k: (k,))
-    acc = matmul(ctx, _centered(ctx, a, a_zero, row), _centered(ctx, b, b_zero, column))
-    scales = _shaped(ctx, a_scale, row), _shaped(ctx, b_scale, column), _shaped(ctx, y_scale, column)
-    return [_requantize(ctx, acc, *scales, _shaped(ctx, y_zero, column))]
+    acc = _centered_product(ctx, a, a_zero, b, b_zero)
+    scales = (
+        _shaped(ctx, a_scale, _per_row(ctx.rank(a))),
+        _shaped(ctx, b_scale, _per_column),
+        _shaped(ctx, y_scale, _per_column),
+    )
+    return [_requantize(ctx, acc, *scales, _shaped(ctx, y_zero, _per_column))]
 
 
 @fission("QLinearConv", 10)
@@ -361,13 +374,6 @@ def qlinear_add(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [saturate(ctx, fma(ratio_a, a, fma(ratio_b, b, fixed)), None, dtype)]
 
 
-def _scaled_product(
-    ctx: Lowering, a: str, a_zero: str | None, b: str, b_zero: str | None, row, column
-) -> str:
-    """(a - a_zero) @ (b - b_zero), exact in float64."""
-    return matmul(ctx, _centered(ctx, a, a_zero, row), _centered(ctx, b, b_zero, column))
-
-
 @fission("QGemm", 1, domain=MS)
 def qgemm(ctx: Lowering, n: OnnxNode) -> list[str]:
     """alpha (A - zA)(B - zB) + C (int32, added exactly) requantized to Y's scale and zero point, or
@@ -379,31 +385,31 @@ def qgemm(ctx: Lowering, n: OnnxNode) -> list[str]:
         a = ctx.transpose(a, (1, 0))
     if n.attr("transB", 0):
         b = ctx.transpose(b, (1, 0))
-    column = lambda k: (k,)  # noqa: E731
-    acc = _scaled_product(ctx, a, _tensor_scale(ctx, a_zero, "zero point"), b, b_zero, column, column)
+    acc = _centered_product(ctx, a, _tensor_scale(ctx, a_zero, "zero point"), b, b_zero)
     if c is not None:
         acc = ctx.elementwise(Prim.ADD, acc, ctx.cast(c, "float64"))
     alpha = n.attr("alpha", 1.0)
     sa = ctx.cast(_tensor_scale(ctx, a_scale, "scale"), "float32")
     if alpha != 1.0:
         sa = ctx.elementwise(Prim.MUL, ctx.scalar(alpha, "float32"), sa)
-    sb = _shaped(ctx, b_scale, column)
+    sb = _shaped(ctx, b_scale, _per_column)
     if y_scale is not None and y_zero is None:
         ctx.unsupported("QGemm with y_scale but no y_zero_point")
     if y_scale is None:
         scale = ctx.elementwise(Prim.MUL, sa, ctx.cast(sb, "float32"))
         return [ctx.elementwise(Prim.MUL, ctx.cast(acc, "float32"), scale)]
-    return [_requantize(ctx, acc, sa, sb, _tensor_scale(ctx, y_scale, "scale"), _shaped(ctx, y_zero, column))]
+    return [
+        _requantize(ctx, acc, sa, sb, _tensor_scale(ctx, y_scale, "scale"), _shaped(ctx, y_zero, _per_column))
+    ]
 
 
 def _integer_to_float(ctx, a, a_scale, a_zero, b, b_scale, b_zero, bias) -> str:
     """(A - zA)(B - zB) * (sA * sB) + bias in float32; A per tensor, B per tensor or per column."""
-    column = lambda k: (k,)  # noqa: E731
-    acc = _scaled_product(ctx, a, _tensor_scale(ctx, a_zero, "zero point"), b, b_zero, column, column)
+    acc = _centered_product(ctx, a, _tensor_scale(ctx, a_zero, "zero point"), b, b_zero)
     scale = ctx.elementwise(
         Prim.MUL,
         ctx.cast(_tensor_scale(ctx, a_scale, "scale"), "float32"),
-        ctx.cast(_shaped(ctx, b_scale, column), "float32"),
+        ctx.cast(_shaped(ctx, b_scale, _per_column), "float32"),
     )
     y = ctx.elementwise(Prim.MUL, ctx.cast(acc, "float32"), scale)
     return y if bias is None else ctx.elementwise(Prim.ADD, y, bias)

@@ -278,7 +278,7 @@ def rms_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
     x, scale = n.inputs[0], n.inputs[1]
     n.attr("stash_type", 1)  # looked at, and set aside (see above)
     axis = normalize_axes([n.attr("axis", -1)], ctx.rank(x))[0]
-    return [rms_core(ctx, x, scale, axis, n.attr("epsilon", 1e-5))[0]]
+    return list(rms_core(ctx, x, scale, axis, n.attr("epsilon", 1e-5)))  # (y; 1/rms for ONNX Runtime's)
 
 
 def rms_core(ctx: Lowering, x: str, scale: str, axis: int, epsilon: float) -> tuple[str, str]:
