@@ -5,9 +5,10 @@ save them (every operator lowered, outputs as ONNX Runtime's)."""
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import Const, check_contrib_op, check_model, one_node_model, rand
+from helpers import Const, check_contrib_op, check_model, one_node_model, onnx_model, rand
 
 import korch
+from korch import check, reference
 
 MS = "com.microsoft"
 
@@ -294,6 +295,238 @@ def test_rotary_embedding(interleaved, dim):
     check_contrib_op("RotaryEmbedding", [rand(B, HEADS, S, size), ids, cos, sin], attrs)
     if not dim:  # the heads as wide as the rotation
         check_contrib_op("RotaryEmbedding", [rand(B, S, HIDDEN), ids, cos, sin], {"interleaved": interleaved})
+
+
+# GroupQueryAttention: 4 query heads over 2 key/value heads of 16
+GQ, GKV, GH, PAST = 4, 2, 16, 6
+GQA = {"num_heads": GQ, "kv_num_heads": GKV}
+
+
+def gqa_inputs(seq, batch=B, past=None, lengths=None, rotary=False, known=False, seed=0):
+    """query, key, value [batch, seq, heads * 16], a past of `past` rows, seqlens_k (lengths - 1:
+    every entry full by default; a constant if `known`) and total_sequence_length; cos and sin
+    caches of 32 positions."""
+    lengths = lengths or [(past or 0) + seq] * batch
+    qkv = [rand(batch, seq, h * GH, seed=seed + i) for i, h in enumerate((GQ, GKV, GKV))]
+    pasts = (
+        [None, None] if past is None else [rand(batch, GKV, past, GH, seed=seed + 3 + i) for i in range(2)]
+    )
+    seqlens = np.array(lengths, "int32") - 1
+    counts = [Const(seqlens) if known else seqlens, Const(np.array(max(lengths), "int32"))]
+    caches = [Const(rand(32, GH // 2, seed=seed + 5 + i)) for i in range(2)] if rotary else []
+    return [*qkv, *pasts, *counts, *caches]
+
+
+def check_gqa_rows(inputs, attrs, rows):
+    """A GroupQueryAttention node against ONNX Runtime where its outputs are specified: per batch
+    entry rows[b] = (queries, cache rows) (the rest is padding, or past the entry's length)."""
+    model, feeds = one_node_model("GroupQueryAttention", inputs, {**GQA, **attrs}, 17, 3, domain=MS)
+    result = korch.fission(model)
+    assert not result.opaque
+    want, got = check.onnxruntime_outputs(model, feeds), reference.run(result.graph, feeds)
+    for i, name in enumerate(["out0", "out1", "out2"]):
+        assert got[name].shape == want[name].shape
+        for b, (queries, cached) in enumerate(rows):
+            part = (b, slice(queries)) if i == 0 else (b, slice(None), slice(cached))
+            assert check.rel_err(got[name][part], want[name][part]) <= 1e-5, (name, b)
+
+
+@pytest.mark.parametrize("past", [None, 0, PAST])
+@pytest.mark.parametrize("rotary", [0, 1])
+def test_group_query_attention_prompt_and_decode(past, rotary):
+    """A prompt of 5 tokens (no past, an empty one) and one token after 6 cached, rotated or not
+    (half-split and interleaved pairs)."""
+    seq = 1 if past else S
+    for interleaved in (0, 1) if rotary else (0,):
+        attrs = {"do_rotary": rotary, "rotary_interleaved": interleaved}
+        check_contrib_op(
+            "GroupQueryAttention", gqa_inputs(seq, past=past, rotary=rotary), {**GQA, **attrs}, 3
+        )
+
+
+def test_group_query_attention_packed_chunk_window_softcap_bias():
+    packed = rand(B, S, (GQ + 2 * GKV) * GH)
+    check_contrib_op("GroupQueryAttention", [packed, None, None, *gqa_inputs(S)[3:]], GQA, 3)
+    # a later chunk of 3 tokens after 6 cached (one batch entry, as ONNX Runtime requires)
+    chunk = gqa_inputs(3, batch=1, past=PAST, rotary=True)
+    check_contrib_op("GroupQueryAttention", chunk, {**GQA, "do_rotary": 1}, 3)
+    # a sliding window of 2 keys (the query's own and one before), over a past too
+    check_contrib_op("GroupQueryAttention", gqa_inputs(S), {**GQA, "local_window_size": 2}, 3)
+    check_contrib_op("GroupQueryAttention", gqa_inputs(3, 1, PAST), {**GQA, "local_window_size": 4}, 3)
+    # scale and softcap; attention_bias (added after the cap)
+    bias = rand(B, 1, S, S, seed=20)
+    check_contrib_op("GroupQueryAttention", gqa_inputs(S), {**GQA, "scale": 0.7, "softcap": 0.5}, 3)
+    inputs = [*gqa_inputs(S), None, None, None, bias]
+    check_contrib_op("GroupQueryAttention", inputs, {**GQA, "softcap": 0.5}, 3)
+
+
+def test_group_query_attention_ragged_batches():
+    """Entries of different lengths, known only at run time: a decode step after 6 and after 3
+    cached tokens (the second entry's new row lands at 3, its present rows past 4 unspecified), and
+    a right-padded prompt of 5 and 3 tokens."""
+    decode = gqa_inputs(1, past=PAST, lengths=[PAST + 1, 4], rotary=True)
+    check_gqa_rows(decode, {"do_rotary": 1}, [(1, PAST + 1), (1, 4)])
+    check_gqa_rows(gqa_inputs(S, lengths=[S, 3], rotary=True), {"do_rotary": 1}, [(S, S), (3, 3)])
+
+
+def test_group_query_attention_sliding_window_cache():
+    """Window-sized caches (as the model builder writes Gemma 2 and 3, gpt-oss): 6 rows for a
+    window of 4, so positions leave 3 at a time. The prompt (5 tokens, 5 rows kept); one token
+    after 9 (the past holds positions 3-8; after it, rows 0-3 hold 6-9) and after 3 (nothing
+    evicted), in one batch; a chunk of 3 after 9 (rows 0-5 hold 6-11), rotated and capped."""
+    attrs = {"sliding_window_cache": 1, "local_window_size": 4}
+    check_gqa_rows(gqa_inputs(S, batch=1, past=6, lengths=[S], known=True), attrs, [(S, S)])
+    check_gqa_rows(gqa_inputs(1, past=6, lengths=[10, 4], known=True), attrs, [(1, 4), (1, 4)])
+    chunk = gqa_inputs(3, batch=1, past=6, lengths=[12], rotary=True, known=True)
+    check_gqa_rows(chunk, {**attrs, "do_rotary": 1, "softcap": 0.5}, [(3, 6)])
+
+
+def test_group_query_attention_sinks():
+    """smooth_softmax (one more score of 0 per query in the softmax) and head_sink (that score per
+    head, as gpt-oss's attention sinks), with a window too."""
+    sinks = [*gqa_inputs(S), None, None, None, None, Const(rand(GQ, seed=9) * 3)]
+    check_contrib_op("GroupQueryAttention", gqa_inputs(S), {**GQA, "smooth_softmax": 1}, 3)
+    check_contrib_op("GroupQueryAttention", sinks, GQA, 3)
+    check_contrib_op("GroupQueryAttention", sinks, {**GQA, "smooth_softmax": 1, "local_window_size": 3}, 3)
+    check_contrib_op("GroupQueryAttention", gqa_inputs(1, past=PAST), {**GQA, "smooth_softmax": 1}, 3)
+
+
+def test_group_query_attention_options_it_cannot_lower_stay_opaque():
+    """position_ids and the qk output are left to ONNX Runtime's kernel."""
+    positions = [*gqa_inputs(S, rotary=True), np.tile(np.arange(S), (B, 1))]
+    model, feeds = one_node_model("GroupQueryAttention", positions, {**GQA, "do_rotary": 1}, 17, 3, domain=MS)
+    assert check_model(model, feeds, allow_opaque=True).opaque_ops == ["GroupQueryAttention"]
+
+
+def builder_decoder(seq, past):
+    """A one-layer decoder as onnxruntime-genai's model builder writes one (fp32, CPU): embedding,
+    SimplifiedLayerNormalization, one qkv MatMul, GroupQueryAttention (rotary inside) fed from the
+    attention mask (seqlens_k = its sum - 1, total_sequence_length = its length), the output
+    projection, SkipSimplifiedLayerNormalization, a SiLU-gated MLP, the final norm and the LM head.
+    32 wide, 2 query heads over 1 key/value head; `seq` new tokens after `past` cached."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {
+        "embed": (40, 32), "norm1": (32,), "qkv": (32, 64), "o": (32, 32), "norm2": (32,),
+        "gate": (32, 48), "up": (32, 48), "down": (48, 32), "norm3": (32,), "head": (32, 40),
+        "cos": (32, 8), "sin": (32, 8),
+    }  # fmt: skip
+    inits = [
+        numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype("float32"), n)
+        for n, s in weights.items()
+    ]
+    inits += [numpy_helper.from_array(np.array(v, "int64"), n) for n, v in (("one", [1]), ("axis1", [1]))]
+    node = helper.make_node
+    nodes = [
+        node("ReduceSum", ["attention_mask", "axis1"], ["mask_sum"]),
+        node("Sub", ["mask_sum", "one"], ["mask_last"]),
+        node("Cast", ["mask_last"], ["seqlens_k"], to=TensorProto.INT32),
+        node("Shape", ["attention_mask"], ["mask_shape"]),
+        node("Gather", ["mask_shape", "one"], ["mask_len"], axis=0),
+        node("Cast", ["mask_len"], ["total"], to=TensorProto.INT32),
+        node("Gather", ["embed", "input_ids"], ["x"]),
+        node("SimplifiedLayerNormalization", ["x", "norm1"], ["h1"], epsilon=1e-6, axis=-1),
+        node("MatMul", ["h1", "qkv"], ["packed"]),
+        node(
+            "GroupQueryAttention",
+            ["packed", "", "", "past_key", "past_value", "seqlens_k", "total", "cos", "sin"],
+            ["attn", "present_key", "present_value"],
+            domain=MS, num_heads=2, kv_num_heads=1, do_rotary=1, local_window_size=-1, scale=0.25,
+        ),
+        node("MatMul", ["attn", "o"], ["attn_out"]),
+        node(
+            "SkipSimplifiedLayerNormalization",
+            ["attn_out", "x", "norm2"], ["h2", "", "", "residual"], domain=MS, epsilon=1e-6,
+        ),
+        node("MatMul", ["h2", "gate"], ["g"]),
+        node("Sigmoid", ["g"], ["g_sig"]),
+        node("Mul", ["g", "g_sig"], ["g_act"]),
+        node("MatMul", ["h2", "up"], ["u"]),
+        node("Mul", ["g_act", "u"], ["gu"]),
+        node("MatMul", ["gu", "down"], ["mlp"]),
+        node("SkipSimplifiedLayerNormalization", ["mlp", "residual", "norm3"], ["h3"], domain=MS),
+        node("MatMul", ["h3", "head"], ["logits"]),
+    ]  # fmt: skip
+    info = helper.make_tensor_value_info
+    inputs = [
+        info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+        info("attention_mask", TensorProto.INT64, ["batch", "total"]),
+        info("past_key", TensorProto.FLOAT, ["batch", 1, "past", 16]),
+        info("past_value", TensorProto.FLOAT, ["batch", 1, "past", 16]),
+    ]
+    outputs = [info(n, TensorProto.FLOAT, None) for n in ("logits", "present_key", "present_value")]
+    model = onnx_model(helper.make_graph(nodes, "decoder", inputs, outputs, inits), 21, [(MS, 1)])
+    feeds = {
+        "input_ids": rng.integers(0, 40, (1, seq)),
+        "attention_mask": np.ones((1, past + seq), "int64"),
+        "past_key": rng.standard_normal((1, 1, past, 16)).astype("float32"),
+        "past_value": rng.standard_normal((1, 1, past, 16)).astype("float32"),
+    }
+    return model, feeds
+
+
+@pytest.mark.parametrize("seq,past", [(6, 0), (1, 5)], ids=["prompt", "decode"])
+def test_a_decoder_as_the_model_builder_writes_it(seq, past):
+    """Lengths from a mask known at run time (gathers and masks: the embedding's gather, the
+    rotary caches' and the present caches'), then from a mask pinned to ones (the caches'
+    positions folded, the present a concatenation: the embedding's gather alone is left); both
+    lower whole and match ONNX Runtime."""
+    from korch.prims import Prim
+
+    model, feeds = builder_decoder(seq, past)
+    shapes = {name: value.shape for name, value in feeds.items()}
+    unpinned = korch.fission(model, shapes=shapes)
+    want, got = check.onnxruntime_outputs(model, feeds), reference.run(unpinned.graph, feeds)
+    assert not unpinned.opaque and all(check.rel_err(got[n], w) <= 1e-5 for n, w in want.items())
+    pinned = korch.fission(model, shapes=shapes, values={"attention_mask": 1})
+    assert not pinned.opaque and korch.check_fission(pinned) <= 1e-5
+    gathers = [sum(n.prim is Prim.GATHER for n in r.graph.nodes) for r in (unpinned, pinned)]
+    assert gathers == [5, 1]
+
+
+# ------------------------------------------------------------------ mixtures of experts
+
+
+def moe(attrs, tokens=(6,), fused=False, seed=0):
+    """A MoE node of 4 experts (16 wide, 8 inside) over `tokens`-shaped rows of x."""
+    widths = 16 if fused else 8
+    x, router = rand(*tokens, 16, seed=seed), rand(int(np.prod(tokens)), 4, seed=seed + 1)
+    weights = [
+        rand(4, widths, 16, seed=seed + 2),
+        rand(4, widths, seed=seed + 3),
+        rand(4, 16, 8, seed=seed + 4),
+    ]
+    check_contrib_op(
+        "MoE", [x, router, *(Const(w * 0.3) for w in weights), Const(rand(4, 16, seed=seed + 5))], attrs
+    )
+
+
+@pytest.mark.parametrize("kind", ["relu", "gelu", "silu", "identity"])
+@pytest.mark.parametrize("normalize", [0, 1])
+def test_moe(kind, normalize):
+    """Softmax over every expert, then the top k; or (normalize_routing_weights) the top k's
+    softmax. 2-D and 3-D rows."""
+    moe({"activation_type": kind, "k": 2, "normalize_routing_weights": normalize})
+    moe({"activation_type": kind, "k": 1, "normalize_routing_weights": normalize}, tokens=(2, 3))
+
+
+def test_moe_swiglu_as_gpt_oss():
+    """Interleaved gate and linear columns, clamped at swiglu_limit, gate * sigmoid(alpha * gate)
+    * (linear + beta); and the defaults (alpha 1, beta 0, no clamp)."""
+    oss = {"activation_alpha": 1.702, "activation_beta": 1.0, "swiglu_limit": 0.5}
+    moe(
+        {"activation_type": "swiglu", "swiglu_fusion": 1, "k": 2, "normalize_routing_weights": 1, **oss},
+        fused=True,
+    )
+    moe({"activation_type": "swiglu", "swiglu_fusion": 1, "k": 3}, fused=True)
+
+
+def test_moe_ties_go_to_the_higher_expert():
+    """Among equal scores ONNX Runtime takes the experts of higher index first."""
+    x, router = rand(4, 16), np.array([[1, 1, 1, 0], [0, 2, 2, 2], [3, 3, 3, 3], [1, 0, 1, 0]], "float32")
+    weights = [rand(4, 8, 16, seed=2), rand(4, 16, 8, seed=4)]
+    check_contrib_op("MoE", [x, router, Const(weights[0]), None, Const(weights[1])], {"k": 2})
 
 
 # ------------------------------------------------- whole models as ONNX Runtime saves them

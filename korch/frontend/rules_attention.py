@@ -168,12 +168,14 @@ def attend(
     scale: float | None = None,
     softcap: float = 0.0,
     precision: str | None = None,
+    sink: str | None = None,
 ) -> tuple[str, tuple[str, str, str, str]]:
     """softmax(q k^T * scale + bias) v over [..., seq, size] tensors (k and v with q's heads;
     scale 1/sqrt(size) by default), both sides scaled by sqrt(scale) in the inputs' type, as
     ONNX's function and torch's math path do. With `masked` (a bias from a mask that may hide
-    every key from a query), such a query gets zeros, not 0/0. Returns y and the scores as
-    scaled, capped and biased, and the probabilities."""
+    every key from a query), such a query gets zeros, not 0/0. A `sink` [heads] is one more
+    score per head that takes its share of the softmax but has no value. Returns y and the
+    scores as scaled, capped and biased, and the probabilities."""
     dtype, rank = ctx.dtype(q), ctx.rank(q)
     root = ctx.scalar(math.sqrt(scale if scale is not None else 1 / math.sqrt(ctx.shape(q)[-1])), dtype)
     swap = list(range(rank - 2)) + [rank - 1, rank - 2]
@@ -185,7 +187,14 @@ def attend(
         cap = ctx.scalar(softcap, dtype)
         capped = ctx.elementwise(Prim.MUL, ctx.unary(Prim.TANH, ctx.elementwise(Prim.DIV, raw, cap)), cap)
     scores = capped if bias is None else ctx.elementwise(Prim.ADD, capped, bias)
-    probs = softmax(ctx, ctx.cast(scores, precision or dtype), rank - 1, log=False)
+    wide = ctx.cast(scores, precision or dtype)
+    if sink is not None:
+        *lead, keys = ctx.shape(wide)
+        column = ctx.reshape(ctx.cast(sink, ctx.dtype(wide)), (ctx.type(sink).numel, 1, 1))
+        wide = ctx.concat([wide, ctx.broadcast_to(column, (*lead, 1))], rank - 1)
+    probs = softmax(ctx, wide, rank - 1, log=False)
+    if sink is not None:
+        probs = ctx.slice_axis(probs, rank - 1, 0, keys)
     if masked:
         most = ctx.reduce(Prim.REDUCE_MAX, bias, [-1])
         attended = ctx.elementwise(Prim.GT, most, ctx.scalar(-math.inf, dtype))

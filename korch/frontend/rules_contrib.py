@@ -12,11 +12,20 @@ import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
-from korch.frontend.rules_attention import attend, merge_heads, rotary, split_heads
+from korch.frontend.rules_attention import (
+    allowed_bias,
+    attend,
+    band_bias,
+    merge_heads,
+    repeat_heads,
+    rotary,
+    split_heads,
+)
 from korch.frontend.rules_elementwise import clip_core, gelu_core
+from korch.frontend.rules_layout import gather_elements_core
 from korch.frontend.rules_linear import conv, gemm, matmul
 from korch.frontend.rules_recurrent import activation
-from korch.frontend.rules_reduce import layer_norm, normalize, rms_core, rms_norm
+from korch.frontend.rules_reduce import layer_norm, normalize, rms_core, rms_norm, softmax
 from korch.prims import FLOAT_DTYPES, HALF_DTYPES, Prim
 
 MS = "com.microsoft"
@@ -366,3 +375,266 @@ def ms_rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
         positions = ctx.elementwise(Prim.ADD, steps, ctx.reshape(positions, ()))
     cos, sin = (ctx.emit(Prim.GATHER, c, positions, axis=0) for c in (cos, sin))
     return [rotary(ctx, x, cos, sin, heads, dim, n.attr("interleaved", 0))]
+
+
+@fission("GroupQueryAttention", 1, domain=MS)
+def ms_group_query_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
+    """Causal attention of `num_heads` query heads over `kv_num_heads` key/value heads with a KV
+    cache, as onnxruntime-genai's model builder writes LLaMA, Qwen, Phi, Mistral, ...: q, k and v
+    [batch, seq, heads * size] (or packed in the query); past_key and past_value [batch, kv heads,
+    past, size]; per batch entry T = seqlens_k + 1 tokens after this step, of which the last
+    min(seq, T) are new (starting at start = max(T - seq, 0)). The new keys and values (rotated
+    at positions start, start + 1, ... when do_rotary) go after the first `start` rows of the past
+    into present [batch, kv heads, max(total_sequence_length, past), size] (zeros past T); query s
+    attends keys start + s back to start + s - local_window_size + 1 (all, without a window), the
+    scores scaled (1/sqrt(size) by default), soft-capped, plus attention_bias; head_sink (or
+    smooth_softmax's 0) is one more score per head in the softmax. Window-sized caches:
+    _sliding_cache. Cache rows past T and padding queries' outputs are unspecified in ONNX
+    Runtime."""
+    q, k, v, past_k, past_v, seqlens, total, cos, sin = (n.input(i) for i in range(9))
+    if any(n.input(i) is not None for i in (9, *range(12, 18))) or n.wants(3):
+        ctx.unsupported(
+            "GroupQueryAttention with position_ids, a quantized cache, q/k norms, query_seqlens "
+            "or the qk output"
+        )
+    if n.attr("qk_output", 0):
+        ctx.unsupported("GroupQueryAttention's qk_output")
+    quantized = {n.attr("k_quant_type", "NONE"), n.attr("v_quant_type", "NONE")} != {"NONE"}
+    if not n.attr("causal", 1) or quantized:
+        ctx.unsupported("GroupQueryAttention without causal masking or with a quantized cache")
+    heads, kv_heads = n.attr("num_heads"), n.attr("kv_num_heads")
+    dtype = ctx.dtype(q)
+    if dtype not in FLOAT_DTYPES or ctx.rank(q) != 3 or heads <= 0 or kv_heads <= 0 or heads % kv_heads:
+        raise KorchError(
+            f"GroupQueryAttention needs a 3-D float query and num_heads a multiple of kv_num_heads, not "
+            f"{dtype} {list(ctx.shape(q))}, {heads} and {kv_heads} heads"
+        )
+    batch, seq, width = ctx.shape(q)
+    if (k is None) != (v is None) or (past_k is None) != (past_v is None) or (cos is None) != (sin is None):
+        raise KorchError(
+            "GroupQueryAttention needs key and value, past_key and past_value, cos and sin in pairs"
+        )
+    size = width // (heads if k is not None else heads + 2 * kv_heads)
+    if k is None:  # packed [q | k | v]
+        starts, counts = (0, heads, heads + kv_heads), (heads, kv_heads, kv_heads)
+        q, k, v = (ctx.slice_axis(q, 2, a * size, b * size) for a, b in zip(starts, counts))
+    for t, h in ((q, heads), (k, kv_heads), (v, kv_heads)):
+        if ctx.shape(t) != (batch, seq, h * size):
+            raise KorchError(
+                f"GroupQueryAttention input {list(ctx.shape(t))} is not [{batch}, {seq}, {h * size}]"
+            )
+    past = ctx.shape(past_k)[2] if past_k is not None else 0
+    if past_k is not None and ctx.shape(past_k) != (batch, kv_heads, past, size):
+        raise KorchError(
+            f"GroupQueryAttention past {list(ctx.shape(past_k))} is not [{batch}, {kv_heads}, P, {size}]"
+        )
+    span = max(
+        int(ctx.require_const(total, "GroupQueryAttention total_sequence_length").reshape(-1)[0]), past
+    )
+    # per batch entry, [batch, 1, 1, 1]: tokens after this step, and where the new ones start
+    lengths = ctx.elementwise(
+        Prim.ADD, ctx.reshape(ctx.cast(seqlens, "int64"), (batch, 1, 1, 1)), ctx.scalar(1, "int64")
+    )
+    start = ctx.elementwise(
+        Prim.MAX, ctx.elementwise(Prim.SUB, lengths, ctx.scalar(seq, "int64")), ctx.scalar(0, "int64")
+    )
+    interleaved = n.attr("rotary_interleaved", 0)
+    if n.attr("do_rotary", 0):
+        if cos is None:
+            raise KorchError("GroupQueryAttention with do_rotary needs cos_cache and sin_cache")
+        steps = ctx.const(np.arange(seq, dtype="int64").reshape(1, seq))
+        positions = ctx.elementwise(Prim.ADD, ctx.reshape(start, (batch, 1)), steps)
+        positions = _clamp(ctx, positions, ctx.shape(cos)[0] - 1)  # (garbage in, no crash)
+        cos, sin = (ctx.emit(Prim.GATHER, c, positions, axis=0) for c in (cos, sin))
+        dim = 2 * ctx.shape(cos)[-1]
+        q, k = (
+            rotary(ctx, q, cos, sin, heads, dim, interleaved),
+            rotary(ctx, k, cos, sin, kv_heads, dim, interleaved),
+        )
+    news, pasts = [split_heads(ctx, k, kv_heads), split_heads(ctx, v, kv_heads)], [past_k, past_v]
+    window, attention_bias = n.attr("local_window_size", -1), n.input(10)
+    if n.attr("sliding_window_cache", 0):
+        if attention_bias is not None:
+            ctx.unsupported("GroupQueryAttention with sliding_window_cache and attention_bias")
+        held, present, bias = _sliding_cache(ctx, news, pasts, seqlens, window, dtype)
+    else:
+        present = [_kv_cache(ctx, t, p, seqlens, lengths, start, span) for t, p in zip(news, pasts)]
+        held = present
+        bias = band_bias(ctx, seq, span, start, 0, window - 1 if window > 0 else None, dtype)
+        if attention_bias is not None:
+            bias = ctx.elementwise(Prim.ADD, bias, attention_bias)
+    keys, values = (repeat_heads(ctx, t, heads // kv_heads) for t in held)
+    sink = n.input(11)  # (a score per head that takes a share of the softmax: smooth_softmax's is 0)
+    if n.attr("smooth_softmax", 0) == 1 and sink is None:
+        sink = ctx.const(np.zeros(heads, dtype))
+    scale, softcap = n.attr("scale", 0.0) or None, n.attr("softcap", 0.0)
+    y, _ = attend(ctx, split_heads(ctx, q, heads), keys, values, bias, False, scale, softcap, sink=sink)
+    return [merge_heads(ctx, y), *present, None]
+
+
+def _kv_cache(
+    ctx: Lowering, new: str, past: str | None, seqlens: str, lengths: str, start: str, span: int
+) -> str:
+    """GroupQueryAttention's present [batch, kv heads, span, size]: per batch entry the past's
+    first `start` rows, then the new rows up to `lengths`, then zeros. Known lengths that append
+    every new row after the whole past make it a concatenation."""
+    batch, kv_heads, seq, size = ctx.shape(new)
+    rows = ctx.shape(past)[2] if past is not None else 0
+    known = ctx.const_value(seqlens)
+    if known is not None and rows + seq == span and np.all(known.reshape(-1) + 1 == span):
+        return new if past is None else ctx.concat([past, new], 2)
+    t = ctx.const(np.arange(span, dtype="int64").reshape(1, 1, span, 1))
+    offset = _clamp(ctx, ctx.elementwise(Prim.SUB, t, start), seq - 1)
+    fresh = gather_elements_core(ctx, new, ctx.broadcast_to(offset, (batch, kv_heads, span, size)), 2)
+    zero = ctx.scalar(0, ctx.dtype(new))
+    cache = ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, t, lengths), fresh, zero)
+    if past is None:
+        return cache
+    if rows < span:
+        past = ctx.emit(Prim.PAD, past, pads=[0, 0, 0, 0, 0, 0, span - rows, 0], mode="constant", value=0)
+    return ctx.elementwise(Prim.WHERE, ctx.elementwise(Prim.LT, t, start), past, cache)
+
+
+def _sliding_cache(
+    ctx: Lowering, news: list[str], pasts: list[str | None], seqlens: str, window: int, dtype: str
+) -> tuple[list[str], list[str], str]:
+    """GroupQueryAttention's window-sized caches (sliding_window_cache): past and present hold C
+    rows (past's length), of which the first L(T) are the last L(T) positions in order, where
+    L(T) = T up to C, else T - G * ceil((T - C) / G) with G = C - local_window_size + 1 (positions
+    are evicted G at a time). Returns the keys and values a query reads (the past's rows, then the
+    new ones), the present caches, and the bias that lets query s (at position start + s) see
+    the positions start + s - local_window_size + 1 .. start + s among them. The lengths must be
+    known (a pinned attention mask): they decide which rows are positions."""
+    known = ctx.const_value(seqlens)
+    if known is None:
+        ctx.unsupported("GroupQueryAttention's sliding_window_cache with lengths known only at run time")
+    if pasts[0] is None or window <= 0 or ctx.shape(pasts[0])[2] < window:
+        raise KorchError(
+            "GroupQueryAttention's sliding_window_cache needs a past at least local_window_size long"
+        )
+    batch, _, seq, size = ctx.shape(news[0])
+    capacity = ctx.shape(pasts[0])[2]
+    group = capacity - window + 1
+
+    def resident(total: int) -> int:
+        return total if total <= capacity else total - group * -(-(total - capacity) // group)
+
+    allowed = np.zeros((batch, 1, seq, capacity + seq), bool)
+    rows = np.zeros((batch, 1, capacity, 1), "int64")  # which key row each present row holds
+    kept = np.zeros((batch, 1, capacity, 1), bool)
+    for b, last in enumerate(known.reshape(-1).tolist()):
+        total = last + 1
+        new = min(seq, total)
+        before = total - new
+        held = resident(before)
+        unused = np.full(capacity - held, -(2**40))  # (no position: never attended)
+        position = np.concatenate([np.arange(before - held, before), unused, np.arange(before, total)])
+        position = np.concatenate([position, np.full(seq - new, -(2**40))])
+        behind = (before + np.arange(seq))[:, None] - position[None, :]
+        allowed[b, 0] = (behind >= 0) & (behind < window)
+        allowed[b, 0, new:] = position >= 0  # (padding queries: unspecified, any real key)
+        wanted = np.arange(total - resident(total), total)
+        rows[b, 0, : len(wanted), 0] = np.where(
+            wanted < before, wanted - before + held, capacity + wanted - before
+        )
+        kept[b, 0, : len(wanted), 0] = True
+    keys = [ctx.concat([p, t], 2) for p, t in zip(pasts, news)]
+    index = ctx.const(np.broadcast_to(rows, (batch, ctx.shape(news[0])[1], capacity, size)).copy())
+    zero = ctx.scalar(0, dtype)
+    present = [
+        ctx.elementwise(Prim.WHERE, ctx.const(kept), gather_elements_core(ctx, t, index, 2), zero)
+        for t in keys
+    ]
+    return keys, present, allowed_bias(ctx, ctx.const(allowed), dtype)
+
+
+def _clamp(ctx: Lowering, index: str, last: int) -> str:
+    """An int64 index held to 0 .. last."""
+    return clip_core(ctx, index, ctx.scalar(0, "int64"), ctx.scalar(last, "int64"))
+
+
+# ------------------------------------------------------------------ mixtures of experts
+
+
+@fission("MoE", 1, domain=MS)
+def ms_moe(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """A mixture of experts (as the model builder writes gpt-oss, Phi-3.5-MoE): per token the k
+    experts with the largest router_probs (the higher index first among equals), weighted by the
+    softmax over all experts (or, with normalize_routing_weights, over the k chosen), each expert
+    fc2(activation(fc1(x) + b1)) + b2, its weights [experts, out, in]. Computed densely: every
+    expert on every token, the unchosen weighted by 0 (one batched matmul per layer, which fuses;
+    ONNX Runtime's own kernel, which gathers each expert's tokens, stays a candidate as the source
+    model). Activations as ONNX Runtime's CPU kernel: relu, gelu (tanh approximation), silu,
+    identity, and swiglu on interleaved gate/linear columns (swiglu_fusion 1)."""
+    x, router, w1, b1, w2, b2 = (n.input(i) for i in range(6))
+    if n.input(6) is not None or n.input(7) is not None or n.attr("use_sparse_mixer", 0):
+        ctx.unsupported("MoE with fc3 weights or the sparse mixer (ONNX Runtime's CPU kernel runs neither)")
+    kind, k = n.attr("activation_type", "relu"), n.attr("k", 1)
+    fusion = n.attr("swiglu_fusion", 0)
+    alpha, beta, limit = (
+        n.attr("activation_alpha", 1.0),
+        n.attr("activation_beta", 0.0),
+        n.attr("swiglu_limit", None),
+    )
+    if kind not in ("relu", "gelu", "silu", "identity", "swiglu") or (kind == "swiglu") != (fusion == 1):
+        ctx.unsupported(f"MoE activation {kind} with swiglu_fusion {fusion}")
+    dtype, shape = ctx.dtype(x), ctx.shape(x)
+    tokens, experts = ctx.shape(router)
+    hidden = shape[-1]
+    if dtype not in FLOAT_DTYPES or ctx.type(x).numel != tokens * hidden or not 1 <= k <= experts:
+        raise KorchError(f"MoE input {list(shape)} and router_probs {[tokens, experts]} (k {k}) do not fit")
+    rows = ctx.reshape(x, (1, tokens, hidden))
+    h = matmul(ctx, rows, ctx.transpose(w1, (0, 2, 1)))  # [experts, tokens, width]
+    if b1 is not None:
+        h = ctx.elementwise(Prim.ADD, h, ctx.reshape(b1, (experts, 1, ctx.shape(b1)[-1])))
+    h = _expert_activation(ctx, h, kind, alpha, beta, limit)
+    y = matmul(ctx, h, ctx.transpose(w2, (0, 2, 1)))  # [experts, tokens, hidden]
+    if b2 is not None:
+        y = ctx.elementwise(Prim.ADD, y, ctx.reshape(b2, (experts, 1, hidden)))
+    weights = _routing(ctx, router, k, n.attr("normalize_routing_weights", 0))
+    mixed = ctx.elementwise(Prim.MUL, y, ctx.reshape(ctx.transpose(weights, (1, 0)), (experts, tokens, 1)))
+    return [ctx.reshape(ctx.reduce(Prim.REDUCE_SUM, mixed, [0], keepdims=False), shape)]
+
+
+def _routing(ctx: Lowering, router: str, k: int, normalize: int) -> str:
+    """[tokens, experts]: each token's weight for each expert, 0 outside its k largest scores
+    (an expert is chosen when fewer than k others score higher, or as high at a higher index:
+    ONNX Runtime's order among equals)."""
+    tokens, experts = ctx.shape(router)
+    other = ctx.reshape(router, (tokens, 1, experts))
+    this = ctx.reshape(router, (tokens, experts, 1))
+    later = ctx.const(np.triu(np.ones((experts, experts), bool), 1))  # [e, e']: e' > e
+    ahead = ctx.elementwise(
+        Prim.OR,
+        ctx.elementwise(Prim.GT, other, this),
+        ctx.elementwise(Prim.AND, ctx.elementwise(Prim.EQ, other, this), later),
+    )
+    rank = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(ahead, "int64"), [2], keepdims=False)
+    chosen = ctx.elementwise(Prim.LT, rank, ctx.scalar(k, "int64"))
+    if normalize:
+        hidden = ctx.elementwise(Prim.WHERE, chosen, router, ctx.scalar(-np.inf, ctx.dtype(router)))
+        return softmax(ctx, hidden, 1, log=False)
+    probs = softmax(ctx, router, 1, log=False)
+    return ctx.elementwise(Prim.WHERE, chosen, probs, ctx.scalar(0, ctx.dtype(router)))
+
+
+def _expert_activation(ctx: Lowering, h: str, kind: str, alpha: float, beta: float, limit) -> str:
+    """MoE's activation_type on fc1's output [experts, tokens, width]."""
+    dtype = ctx.dtype(h)
+    if kind == "relu":
+        return ctx.elementwise(Prim.MAX, h, ctx.scalar(0, dtype))
+    if kind == "gelu":
+        return gelu_core(ctx, h, "tanh")
+    if kind == "silu":
+        return ctx.elementwise(Prim.MUL, h, ctx.unary(Prim.SIGMOID, h))
+    if kind == "identity":
+        return h
+    width = ctx.shape(h)[-1] // 2  # swiglu: gate and linear columns interleaved
+    gate, linear = ctx.slice_axis(h, 2, 0, width, 2), ctx.slice_axis(h, 2, 1, width, 2)
+    if limit is not None:
+        gate = clip_core(ctx, gate, None, ctx.scalar(limit, dtype))
+        linear = clip_core(ctx, linear, ctx.scalar(-limit, dtype), ctx.scalar(limit, dtype))
+    swish = ctx.elementwise(
+        Prim.MUL, gate, ctx.unary(Prim.SIGMOID, ctx.elementwise(Prim.MUL, gate, ctx.scalar(alpha, dtype)))
+    )
+    return ctx.elementwise(Prim.MUL, swish, ctx.elementwise(Prim.ADD, linear, ctx.scalar(beta, dtype)))
