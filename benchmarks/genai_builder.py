@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 from hf_decoder_bench import BASE
 from hf_sweep import LM, TOKENS
@@ -109,8 +110,6 @@ def pins(out: Path, tokens: int, decode: bool) -> dict:
             rows = capacity if int(inp.name.split(".")[1]) in windowed else past
             shapes[inp.name] = (1, config["num_key_value_heads"], rows, config["head_size"])
         elif inp.name == "position_ids":
-            import numpy as np
-
             shapes[inp.name] = (1, new)
             values[inp.name] = np.arange(past, past + new).reshape(1, new)
         else:

@@ -456,9 +456,9 @@ def ms_group_query_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     if n.attr("sliding_window_cache", 0):
         if attention_bias is not None:
             ctx.unsupported("GroupQueryAttention with sliding_window_cache and attention_bias")
-        held, present, bias = _sliding_cache(ctx, news, pasts, seqlens, window, dtype)
+        held, present, bias = _sliding_cache(ctx, news, pasts, lengths, window, dtype)
     else:
-        present = [_kv_cache(ctx, t, p, seqlens, lengths, start, span) for t, p in zip(news, pasts)]
+        present = [_kv_cache(ctx, t, p, lengths, start, span) for t, p in zip(news, pasts)]
         held = present
         bias = band_bias(ctx, seq, span, start, 0, window - 1 if window > 0 else None, dtype)
         if attention_bias is not None:
@@ -472,16 +472,14 @@ def ms_group_query_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     return [merge_heads(ctx, y), *present, None]
 
 
-def _kv_cache(
-    ctx: Lowering, new: str, past: str | None, seqlens: str, lengths: str, start: str, span: int
-) -> str:
+def _kv_cache(ctx: Lowering, new: str, past: str | None, lengths: str, start: str, span: int) -> str:
     """GroupQueryAttention's present [batch, kv heads, span, size]: per batch entry the past's
     first `start` rows, then the new rows up to `lengths`, then zeros. Known lengths that append
     every new row after the whole past make it a concatenation."""
     batch, kv_heads, seq, size = ctx.shape(new)
     rows = ctx.shape(past)[2] if past is not None else 0
-    known = ctx.const_value(seqlens)
-    if known is not None and rows + seq == span and np.all(known.reshape(-1) + 1 == span):
+    known = ctx.const_value(lengths)
+    if known is not None and rows + seq == span and np.all(known == span):
         return new if past is None else ctx.concat([past, new], 2)
     t = ctx.const(np.arange(span, dtype="int64").reshape(1, 1, span, 1))
     offset = _clamp(ctx, ctx.elementwise(Prim.SUB, t, start), seq - 1)
@@ -496,7 +494,7 @@ def _kv_cache(
 
 
 def _sliding_cache(
-    ctx: Lowering, news: list[str], pasts: list[str | None], seqlens: str, window: int, dtype: str
+    ctx: Lowering, news: list[str], pasts: list[str | None], lengths: str, window: int, dtype: str
 ) -> tuple[list[str], list[str], str]:
     """GroupQueryAttention's window-sized caches (sliding_window_cache): past and present hold C
     rows (past's length), of which the first L(T) are the last L(T) positions in order, where
@@ -505,14 +503,14 @@ def _sliding_cache(
     new ones), the present caches, and the bias that lets query s (at position start + s) see
     the positions start + s - local_window_size + 1 .. start + s among them. The lengths must be
     known (a pinned attention mask): they decide which rows are positions."""
-    known = ctx.const_value(seqlens)
+    known = ctx.const_value(lengths)
     if known is None:
         ctx.unsupported("GroupQueryAttention's sliding_window_cache with lengths known only at run time")
     if pasts[0] is None or window <= 0 or ctx.shape(pasts[0])[2] < window:
         raise KorchError(
             "GroupQueryAttention's sliding_window_cache needs a past at least local_window_size long"
         )
-    batch, _, seq, size = ctx.shape(news[0])
+    batch, kv_heads, seq, size = ctx.shape(news[0])
     capacity = ctx.shape(pasts[0])[2]
     group = capacity - window + 1
 
@@ -522,8 +520,7 @@ def _sliding_cache(
     allowed = np.zeros((batch, 1, seq, capacity + seq), bool)
     rows = np.zeros((batch, 1, capacity, 1), "int64")  # which key row each present row holds
     kept = np.zeros((batch, 1, capacity, 1), bool)
-    for b, last in enumerate(known.reshape(-1).tolist()):
-        total = last + 1
+    for b, total in enumerate(known.reshape(-1).tolist()):
         new = min(seq, total)
         before = total - new
         held = resident(before)
@@ -539,7 +536,7 @@ def _sliding_cache(
         )
         kept[b, 0, : len(wanted), 0] = True
     keys = [ctx.concat([p, t], 2) for p, t in zip(pasts, news)]
-    index = ctx.const(np.broadcast_to(rows, (batch, ctx.shape(news[0])[1], capacity, size)).copy())
+    index = ctx.const(np.broadcast_to(rows, (batch, kv_heads, capacity, size)).copy())
     zero = ctx.scalar(0, dtype)
     present = [
         ctx.elementwise(Prim.WHERE, ctx.const(kept), gather_elements_core(ctx, t, index, 2), zero)
