@@ -60,6 +60,10 @@ class Executable:
         self.index_limits = plan.meta.get("index_limits", {})  # (plans saved before it: none)
         self.input_names = [n for n, _ in plan.inputs]
         self.input_types = dict(plan.inputs)
+        # (shape, dtype) of each input as torch states them: feeds compares, per call, without converting
+        self._wants = {n: (torch.Size(t.shape), DTYPES[t.dtype]) for n, t in plan.inputs}
+        self._device = torch.device(device)
+        self._outputs_fresh = _outputs_fresh(plan, backends)
         self._cuda_graph = None  # (graph, static inputs, static outputs) once captured; False: cannot
 
     def run_tensors(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -125,7 +129,9 @@ class Executable:
         weight, the caller's input, an output already returned, or a view of one of these (a
         reshape kernel may return its input's memory) is copied, or the caller's writes to it
         would change the plan's weights, the caller's input, or another output. A kernel's fresh
-        buffer, the common case, is returned as it is."""
+        buffer, the common case, is returned as it is (without a look when every output is one)."""
+        if self._outputs_fresh:
+            return outs
         taken = {_storage(t) for t in feeds.values()}
         owned = []
         for out in outs:
@@ -193,13 +199,14 @@ class Executable:
         for name, value in given.items():
             t = self.input_types[name]
             tensor = _as_tensor(name, value, t)
-            if tuple(tensor.shape) != t.shape or tensor.dtype != DTYPES[t.dtype]:
+            if (tensor.shape, tensor.dtype) != self._wants[name]:
                 dtype = str(tensor.dtype).removeprefix("torch.")
                 raise KorchError(
                     f"input {name!r} is {dtype}{list(tensor.shape)}, the plan wants {t.dtype}{list(t.shape)}"
                 )
-            _check_indices(name, tensor, self.index_limits.get(name))
-            feeds[name] = tensor.to(self.plan.device)
+            if name in self.index_limits:
+                _check_indices(name, tensor, self.index_limits[name])
+            feeds[name] = tensor if tensor.device == self._device else tensor.to(self._device)
         return feeds
 
     def __call__(self, *inputs, **named):
@@ -223,7 +230,9 @@ def _as_tensor(name: str, value, want) -> torch.Tensor:
     the input when it is not one (None, a string, a dict, a ragged list, an array of objects)."""
     if isinstance(value, torch.Tensor):
         return value
-    if isinstance(value, np.ndarray) and value.dtype == BFLOAT16:
+    if isinstance(value, np.ndarray) and (value.dtype == BFLOAT16 or value.dtype.kind in "biuf"):
+        if not _shareable(value):  # a copy in native byte order, C order, writable
+            value = np.array(value, dtype=value.dtype.newbyteorder("="), order="C")
         return as_tensor(value)
     try:
         return torch.as_tensor(value)
@@ -240,12 +249,29 @@ def _as_tensor(name: str, value, want) -> torch.Tensor:
         ) from None
 
 
+def _shareable(array: np.ndarray) -> bool:
+    """Whether a tensor can share the array's memory: torch takes no negative strides (x[::-1])
+    and no other byte order, and a read-only array would be one the plan's tensors may not write."""
+    return array.flags.writeable and array.dtype.isnative and min(array.strides, default=0) >= 0
+
+
+def _outputs_fresh(plan, backends) -> bool:
+    """Whether every output of a run is certain to be a buffer of its own: each is computed by a
+    kernel whose backend always returns new memory (backend.fresh_outputs), and none is a weight,
+    an input, or the same value as another output."""
+    made_by = {v: k.backend for k in plan.kernels for v in k.spec.outputs}
+    outs = [v for v, _ in plan.outputs]
+    return len(set(outs)) == len(outs) and all(
+        v in made_by and backends[made_by[v]].fresh_outputs for v in outs
+    )
+
+
 def _check_indices(name: str, tensor: torch.Tensor, limit: int | None) -> None:
     """An index outside the table it indexes is the caller's mistake: say so here, before a
     kernel fails on it with an assertion from deep inside a backend (or reads out of bounds)."""
     if limit is None or tensor.numel() == 0:
         return
-    low, high = int(tensor.min()), int(tensor.max())
+    low, high = (int(x) for x in torch.aminmax(tensor))
     if low < -limit or high >= limit:
         raise KorchError(
             f"input {name!r} indexes a dimension of size {limit}: its values must be in "

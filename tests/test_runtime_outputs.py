@@ -2,6 +2,8 @@
 a plan weight, the caller's input, or another output), checked against ONNX Runtime; inputs that
 are not arrays are refused with a one-line error naming them."""
 
+import warnings
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -222,3 +224,38 @@ def test_a_transposed_weight_reaches_its_kernel_dense_without_a_copy_per_call():
     assert all(t.is_contiguous() for t in exe.weights.values())
     x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_allclose(exe(x)[0], onnxruntime_outputs(gemm, x)[0], rtol=1e-6)
+
+
+def _read_only(a):
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+# arrays whose memory a tensor cannot share as it is (and a strided one it can)
+LAYOUTS = {
+    "reversed": lambda a: np.ascontiguousarray(a[::-1])[::-1],  # negative strides
+    "big_endian": lambda a: a.astype(">f4"),
+    "read_only": _read_only,
+    "every_other_column": lambda a: np.repeat(a, 2, axis=1)[:, ::2],
+    "fortran_order": np.asfortranarray,
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "onnxruntime"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_input_in_any_numpy_layout_is_taken_by_value(layout, backend):
+    """x[::-1] and a big-endian array were refused ("is a numpy array of float32, not an array")."""
+    x = np.linspace(-2, 3, 6, dtype=np.float32).reshape(2, 3)
+    m = np.arange(6, dtype=np.float32).reshape(2, 3)
+    given = LAYOUTS[layout](x)
+    np.testing.assert_array_equal(given, x)  # (the same values)
+    plan = plan_for(TWO_INPUTS, backend, split=False)
+    want = ort.InferenceSession(TWO_INPUTS.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "m": m}
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (torch warns of a read-only array it would share)
+        got = plan(given, m)
+    assert_equal(got, want)
+    np.testing.assert_array_equal(given, x)  # untouched

@@ -41,6 +41,7 @@ class Backend:
     selectable = True  # False for the reference: it checks the others but is never chosen
     default_on: tuple[str, ...] = ("cpu", "cuda")  # device kinds where it is used unless named
     bakes_weights = False  # compile() takes a third argument: the values of the weights the kernel reads
+    fresh_outputs = False  # every output of its kernels is new memory, never a view of an input or weight
 
     def version(self) -> str:
         raise NotImplementedError

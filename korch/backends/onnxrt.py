@@ -276,6 +276,7 @@ def _opaque_model(graph: Graph, weights: Weights) -> onnx.ModelProto:
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     bakes_weights = True
+    fresh_outputs = True  # (ONNX Runtime returns new arrays, even for an output that is an input)
 
     def version(self) -> str:
         import onnxruntime

@@ -324,10 +324,9 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A tensor's values as a numpy array on the host (bfloat16 as ml_dtypes' bfloat16)."""
-    tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(BFLOAT16)
-    return tensor.numpy()
+        return tensor.detach().cpu().view(torch.int16).numpy().view(BFLOAT16)
+    return tensor.numpy(force=True)  # (detached, on the host; shares a CPU tensor's memory)
 
 
 def _pool(x: torch.Tensor, pool) -> torch.Tensor:
