@@ -398,6 +398,19 @@ def test_group_query_attention_options_it_cannot_lower_stay_opaque():
     assert check_model(model, feeds, allow_opaque=True).opaque_ops == ["GroupQueryAttention"]
 
 
+def test_an_attribute_set_to_onnx_runtimes_default_is_no_reason_to_stay_opaque():
+    """onnx knows no schema for com.microsoft's operators; their defaults come from ONNX Runtime's.
+    qk_norm_epsilon (q/k norm weights, which the rule refuses, read it) and MoE's
+    swiglu_limit_after_activation (CUDA only) are never looked up by the rules: set to the default,
+    the node lowers; set otherwise, it stays whole."""
+    check_contrib_op("GroupQueryAttention", gqa_inputs(S), {**GQA, "qk_norm_epsilon": 1e-6}, 3)
+    model, feeds = one_node_model(
+        "GroupQueryAttention", gqa_inputs(S), {**GQA, "qk_norm_epsilon": 1e-5}, 17, 3, domain=MS
+    )
+    assert check_model(model, feeds, allow_opaque=True).opaque_ops == ["GroupQueryAttention"]
+    moe({"activation_type": "silu", "k": 2, "swiglu_limit_after_activation": 0})
+
+
 def builder_decoder(seq, past):
     """A one-layer decoder as onnxruntime-genai's model builder writes one (fp32, CPU): embedding,
     SimplifiedLayerNormalization, one qkv MatMul, GroupQueryAttention (rotary inside) fed from the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -319,15 +320,42 @@ def _ignored_attributes(node, attrs: Attributes, version: int) -> str | None:
     unread = {name: value for name, value in attrs.items() if name not in attrs.read}
     if not unread:
         return None
-    try:
-        defaults = onnx.defs.get_schema(node.op_type, version, node.domain).attributes
-    except onnx.defs.SchemaError:
-        defaults = {}
+    defaults = _attribute_defaults(node.op_type, version, node.domain)
     for name, value in unread.items():
-        default = defaults.get(name)
-        if default is None or not default.default_value.name or _attr_value(default.default_value) != value:
+        if name not in defaults or defaults[name] != value:
             return f"{name}={value!r}"
     return None
+
+
+def _attribute_defaults(op_type: str, version: int, domain: str) -> dict:
+    """{attribute: default value} from the operator's schema: ONNX's, or for ONNX Runtime's own
+    domains (com.microsoft), the schemas ONNX Runtime registers (onnx knows none of them)."""
+    try:
+        attributes = onnx.defs.get_schema(op_type, version, domain).attributes
+        return {n: _attr_value(a.default_value) for n, a in attributes.items() if a.default_value.name}
+    except onnx.defs.SchemaError:
+        versions = _onnxruntime_defaults().get((domain, op_type), [])
+        return max(((v, d) for v, d in versions if v <= version), default=(0, {}), key=lambda vd: vd[0])[1]
+
+
+@functools.cache
+def _onnxruntime_defaults() -> dict[tuple[str, str], list[tuple[int, dict]]]:
+    """{(domain, op type): [(since version, {attribute: default})]} of the operators ONNX Runtime
+    registers outside ONNX's domain. Its Python binding hands a default over as a serialized
+    AttributeProto."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    found: dict[tuple[str, str], list[tuple[int, dict]]] = {}
+    for schema in ort_state.get_all_operator_schema():
+        if schema.domain in DEFAULT_DOMAINS:
+            continue
+        defaults = {}
+        for name, attr in schema.attributes.items():
+            serialized = getattr(attr, "_default_value", b"")  # (private: without it, no defaults)
+            if serialized:
+                defaults[name] = _attr_value(onnx.AttributeProto.FromString(serialized))
+        found.setdefault((schema.domain, schema.name), []).append((schema.since_version, defaults))
+    return found
 
 
 def _attr_value(attr: onnx.AttributeProto):
