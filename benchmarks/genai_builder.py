@@ -18,8 +18,8 @@ The builder needs transformers >= 5 and onnxruntime-genai, which are not korch d
 environment that sees korch (`python -m venv --system-site-packages ENV`), `ENV/bin/pip install
 transformers tokenizers onnx_ir` and `ENV/bin/pip install --no-deps onnxruntime-genai` (its own
 onnxruntime would replace korch's). Usage: `PYTHONPATH=. ENV/bin/python
-benchmarks/genai_builder.py [MODEL ...] --dir DIR [--size tiny|base] [--tokens N] [--time-budget S]
-[--cache DB]`.
+benchmarks/genai_builder.py [MODEL ...] --dir DIR [--size tiny|base] [--precision fp32|int4]
+[--tokens N] [--time-budget S] [--cache DB] [--backends a,b]`.
 """
 
 from __future__ import annotations
@@ -80,10 +80,11 @@ def save_checkpoint(name: str, size: str, out: Path) -> None:
     transformers.PreTrainedTokenizerFast(tokenizer_object=words, **names).save_pretrained(out)
 
 
-def build(checkpoint: Path, out: Path) -> str | None:
-    """The model builder's fp32 CPU model of the checkpoint; its error's last line if it fails."""
+def build(checkpoint: Path, out: Path, precision: str) -> str | None:
+    """The model builder's CPU model of the checkpoint (fp32, or int4: MatMulNBits weights, A
+    rounded to 8 bits, the builder's CPU default); its error's last line if it fails."""
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(checkpoint)]
-    command += ["-i", str(checkpoint), "-o", str(out), "-p", "fp32", "-e", "cpu"]
+    command += ["-i", str(checkpoint), "-o", str(out), "-p", precision, "-e", "cpu"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode or not (out / "model.onnx").exists():
         return (done.stderr.strip().splitlines() or ["no model.onnx"])[-1][:100]
@@ -127,25 +128,31 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16, help="prompt length; decode after one fewer")
     parser.add_argument("--time-budget", type=float, default=20.0, help="profiling seconds per step")
     parser.add_argument("--cache", help="profile database (default: korch's)")
+    parser.add_argument("--precision", choices=["fp32", "int4"], default="fp32", help="the builder's -p")
+    parser.add_argument("--backends", help="korch's (default: its own; inductor,vendor: a GPU's kind)")
     args = parser.parse_args()
+    backends = args.backends.split(",") if args.backends else None
     import onnxruntime_genai
     import transformers
 
     transformers.logging.set_verbosity_error()
     print(
         f"transformers {transformers.__version__}, onnxruntime-genai {onnxruntime_genai.__version__}, "
-        f"korch {korch.__version__}; {args.size}, {args.tokens} tokens"
+        f"korch {korch.__version__}; {args.size} {args.precision}, {args.tokens} tokens, "
+        f"backends {args.backends or 'default'}"
     )
     head = f"{'prims':>6s} {'opaque':>6s} {'rel err':>8s} {'kernels':>7s} {'backends':22s} {'verify':>8s}"
     print(f"{'model':16s} {head} {'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s} {'s':>5s}")
     for name in args.models or MODELS:
+        suffix = "" if args.precision == "fp32" else f"-{args.precision}"
         checkpoint, out = (
             Path(args.dir) / "hf" / f"{name}-{args.size}",
-            Path(args.dir) / f"{name}-{args.size}",
+            Path(args.dir) / f"{name}-{args.size}{suffix}",
         )
         if not (out / "model.onnx").exists():
-            save_checkpoint(name, args.size, checkpoint)
-            failed = build(checkpoint, out)
+            if not (checkpoint / "config.json").exists():
+                save_checkpoint(name, args.size, checkpoint)
+            failed = build(checkpoint, out, args.precision)
             if failed:
                 print(f"{name:16s} the model builder failed: {failed}", flush=True)
                 continue
@@ -156,6 +163,7 @@ def main() -> None:
                     out / "model.onnx",
                     args.time_budget,
                     args.cache,
+                    backends,
                     **pins(out, args.tokens, step == "decode"),
                 )
             except korch.KorchError as e:

@@ -64,12 +64,12 @@ def quantize(source: Path, form: str, out: Path) -> None:
     )
 
 
-def measure(path: Path, budget: float, cache: str | None, **pins) -> str:
+def measure(path: Path, budget: float, cache: str | None, backends=None, **pins) -> str:
     """The row of one file; `pins`: shapes and values, as korch.fission takes them."""
     fission = korch.fission(path, **pins)
     opaque = len(fission.opaque)
     row = f"{len(fission.graph.nodes):6d} {opaque:6d} {korch.check_fission(fission):8.1e}"
-    plan = korch.optimize(path, time_budget=budget, cache=cache, progress=False, **pins)
+    plan = korch.optimize(path, time_budget=budget, cache=cache, progress=False, backends=backends, **pins)
     backends = ",".join(sorted({k.backend for k in plan.kernels}))
     timed = bench(plan, ("onnxruntime",))["results"]
     korch_ms, ort_ms = timed["korch"]["median_ms"], timed["onnxruntime"]["median_ms"]

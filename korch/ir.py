@@ -93,6 +93,9 @@ class GraphBuilder:
     nodes: list[Node] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     origin: str = ""
+    # constants that work on is never folded: emitted instead (a packed 4-bit weight, which
+    # unpacked at import would be a float32 constant 8 times its size)
+    unfolded: set[str] = field(default_factory=set)
     _counter: int = 0
     _const_index: dict[tuple, str] = field(default_factory=dict)
 
@@ -141,6 +144,8 @@ class GraphBuilder:
 
     def _foldable(self, prim: Prim, inputs: tuple[str, ...], out_types: list[TensorType]) -> bool:
         if prim is Prim.OPAQUE or not all(v in self.constants for v in inputs):
+            return False
+        if self.unfolded.intersection(inputs):
             return False
         largest_out = max(t.numel for t in out_types)
         if prim is Prim.BROADCAST:  # materialising a broadcast only costs memory, unless tiny

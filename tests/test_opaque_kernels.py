@@ -82,13 +82,21 @@ def qlinear_where_scales():
 
 
 def matmul_nbits_weight():
-    """com.microsoft's MatMulNBits (4-bit weights in blocks of 32) with a constant weight large
-    enough to be a weight input (integers up to candidates.INDEX_CONSTANT elements are baked in),
-    then a fusible op."""
+    """com.microsoft's MatMulNBits (4-bit weights in blocks of 32) with g_idx (an order of K's
+    columns among the blocks, which its rule leaves whole) and a constant weight large enough to
+    be a weight input (integers up to candidates.INDEX_CONSTANT elements are baked in), then a
+    fusible op."""
     k, n, block = 256, 64, 32
     nodes = [
         helper.make_node(
-            "MatMulNBits", ["x", "w", "s"], ["q"], domain="com.microsoft", K=k, N=n, bits=4, block_size=block
+            "MatMulNBits",
+            ["x", "w", "s", "", "g"],
+            ["q"],
+            domain="com.microsoft",
+            K=k,
+            N=n,
+            bits=4,
+            block_size=block,
         ),
         helper.make_node("Tanh", ["q"], ["y"]),
     ]
@@ -96,6 +104,7 @@ def matmul_nbits_weight():
     inits = [
         ("w", rng.integers(0, 256, (n, k // block, block // 2)).astype("uint8")),
         ("s", rng.uniform(0.01, 0.05, n * (k // block)).astype("float32")),
+        ("g", rng.permutation(np.arange(k) // block).astype("int32")),
     ]
     return _microsoft(nodes, [("x", F, [3, k])], [("y", F, [3, n])], inits), "MatMulNBits"
 

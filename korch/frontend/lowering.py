@@ -174,6 +174,11 @@ class Lowering:
             return None
         return [int(x) for x in self.require_const(v, what).reshape(-1)]
 
+    def keep_packed(self, v: str) -> str:
+        """v, a constant whose expansions are computed in kernels, never folded at import."""
+        self.b.unfolded.add(v)
+        return v
+
     # --- emitting
     def emit(self, prim: Prim, *inputs: str, **attrs) -> str:
         (out,) = self.b.emit(prim, inputs, **attrs)

@@ -2,7 +2,7 @@
 MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv, over 8- and 16-bit integers; and ONNX
 Runtime's own (com.microsoft: QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
 QLinearConcat, QLinearSoftmax, QLinearAveragePool, QLinearGlobalAveragePool, QGemm,
-MatMulIntegerToFloat, DynamicQuantizeMatMul).
+MatMulIntegerToFloat, DynamicQuantizeMatMul, and MatMulNBits: 2-, 4- and 8-bit weights).
 
 Sums of integer products are taken in float64: ONNX sums them in int32, and every such sum of
 8-bit products fits float64's 53 bits exactly (torch has float64 matmuls and convolutions on CPU
@@ -11,6 +11,8 @@ float32, times (scale_a * scale_b) / scale_y, rounded half to even, plus the zer
 Quantizing divides (as ONNX Runtime does; a reciprocal would round differently)."""
 
 from __future__ import annotations
+
+import math
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
@@ -429,3 +431,148 @@ def dynamic_quantize_matmul(ctx: Lowering, n: OnnxNode) -> list[str]:
         ctx.unsupported(f"DynamicQuantizeMatMul of {ctx.dtype(a)}")
     qa, a_scale, a_zero = dynamic_quantize(ctx, a)
     return [_integer_to_float(ctx, qa, a_scale, a_zero, b, b_scale, b_zero, bias)]
+
+
+@fission("MatMulNBits", 1, domain=MS)
+def matmul_nbits(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """A @ W^T (+ bias), W [N, K] stored as `bits`-bit integers (2, 4 or 8) in blocks of
+    block_size along K: B [N, blocks, block_size * bits / 8] uint8, each byte's values from its low
+    bits up, the last block padded; W = (q - zero point) * scale per row and block. Zero points:
+    none (2^(bits-1)), packed like B (each row's padded to whole bytes), or in A's type.
+    accuracy_level 4: ONNX Runtime's CPU kernel rounds A to 8 bits per block (scale max|a| / 127)
+    unless the zero points are floats, and so does the rule. B stays packed (ctx.keep_packed):
+    unpacked in the kernel that reads it, as a float32 constant it would be 8 times its size (a 7B
+    model: 28 GB)."""
+    a, b, scales, zero, g_idx, bias = (n.input(i) for i in range(6))
+    k, rows, bits, block = n.attr("K"), n.attr("N"), n.attr("bits", 4), n.attr("block_size")
+    if g_idx is not None:
+        ctx.unsupported("g_idx (a permuted order of K)")
+    if bits not in (2, 4, 8) or block < 16 or block & (block - 1):
+        ctx.unsupported(f"bits={bits}, block_size={block}")
+    blocks, per = -(-k // block), 8 // bits
+    if ctx.shape(b) != (rows, blocks, block // per) or ctx.dtype(b) != "uint8" or ctx.shape(a)[-1] != k:
+        raise KorchError(
+            f"MatMulNBits weight uint8{list(ctx.shape(b))} and input {list(ctx.shape(a))} do not fit "
+            f"K={k}, N={rows}, {bits} bits in blocks of {block}"
+        )
+    x, dtype = ctx.widened(a)
+    q = _unpacked(ctx, ctx.keep_packed(ctx.reshape(b, (rows, blocks * block // per))), bits)
+    w = ctx.reshape(q, (rows, blocks, block))
+    floats = zero is not None and ctx.dtype(zero) != "uint8"
+    if zero is None:
+        z = ctx.scalar(2.0 ** (bits - 1), "float32")
+    elif floats:
+        z = ctx.reshape(ctx.cast(zero, "float32"), (rows, blocks, 1))
+    else:
+        z = _unpacked(ctx, ctx.reshape(zero, (rows, -(-blocks * bits // 8))), bits)
+        z = ctx.reshape(ctx.slice_axis(z, 1, 0, blocks), (rows, blocks, 1))
+    scale = ctx.reshape(ctx.cast(scales, "float32"), (rows, blocks, 1))
+    w = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, w, z), scale)
+    w = ctx.slice_axis(ctx.reshape(w, (rows, blocks * block)), 1, 0, k)
+    if n.attr("accuracy_level", 0) == 4 and not floats:
+        x = _rounded_per_block(ctx, x, block)
+    y = matmul(ctx, x, ctx.transpose(w, (1, 0)))
+    if bias is not None:
+        y = ctx.elementwise(Prim.ADD, y, ctx.cast(bias, "float32"))
+    return [ctx.cast(y, dtype)]
+
+
+def _unpacked(ctx: Lowering, packed: str, bits: int) -> str:
+    """uint8 [R, C] holding 8 / bits values per byte, low bits first, as float32 [R, C * 8 / bits]
+    (in float32, where every step on 0..255 is exact: x mod 2^bits = x - 2^bits floor(x / 2^bits))."""
+    rows, cols = ctx.shape(packed)
+    rest, parts = ctx.cast(packed, "float32"), []
+    for _ in range(8 // bits - 1):
+        higher = ctx.unary(Prim.FLOOR, ctx.elementwise(Prim.MUL, rest, ctx.scalar(2.0**-bits, "float32")))
+        low = ctx.elementwise(
+            Prim.SUB, rest, ctx.elementwise(Prim.MUL, higher, ctx.scalar(2.0**bits, "float32"))
+        )
+        parts.append(ctx.reshape(low, (rows, cols, 1)))
+        rest = higher
+    parts.append(ctx.reshape(rest, (rows, cols, 1)))
+    return ctx.reshape(ctx.concat(parts, 2), (rows, cols * len(parts)))
+
+
+def _rounded_per_block(ctx: Lowering, x: str, block: int) -> str:
+    """x as ONNX Runtime's 8-bit path sees it: per block of `block` along the last axis, rounded
+    (half to even) to a multiple of max|x| / 127 (an all-zero block stays 0)."""
+    shape = ctx.shape(x)
+    k = shape[-1]
+    blocks = -(-k // block)
+    if blocks * block != k:
+        pads = [0] * (2 * len(shape))
+        pads[2 * len(shape) - 1] = blocks * block - k
+        x = ctx.emit(Prim.PAD, x, pads=tuple(pads), mode="constant", value=0.0)
+    xb = ctx.reshape(x, (*shape[:-1], blocks, block))
+    amax = ctx.reduce(Prim.REDUCE_MAX, ctx.unary(Prim.ABS, xb), [-1])
+    scale = ctx.elementwise(Prim.DIV, amax, ctx.scalar(127.0, "float32"))
+    flat = ctx.elementwise(Prim.EQ, amax, ctx.scalar(0.0, "float32"))
+    safe = ctx.elementwise(Prim.WHERE, flat, ctx.scalar(1.0, "float32"), amax)
+    # x times 127 / max|x|, as ONNX Runtime has it: x / scale or x times 1 / scale round the other
+    # way in some elements, where x is a multiple of a unit that the maximum is too (a 4-bit
+    # embedding's values, Gemma's int4 build): 0.3-0.7% off after one layer
+    q = ctx.unary(
+        Prim.ROUND,
+        ctx.elementwise(Prim.MUL, xb, ctx.elementwise(Prim.DIV, ctx.scalar(127.0, "float32"), safe)),
+    )
+    y = ctx.reshape(ctx.elementwise(Prim.MUL, q, scale), (*shape[:-1], blocks * block))
+    return ctx.slice_axis(y, len(shape) - 1, 0, k)
+
+
+@fission("GatherBlockQuantized", 1, domain=MS)
+def gather_block_quantized(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Rows of a table stored as MatMulNBits stores a weight (a tied embedding reads the output
+    layer's weight so): uint8 data [rows, K * bits / 8], values packed low bits first, blocks of
+    block_size along K; scales [rows, blocks] (the output's type) and zero points packed like the
+    data (default 2^(bits-1)). The picked rows are gathered packed and unpacked after. An index
+    outside [-rows, rows) gives a row of zeros, as ONNX Runtime has it (ONNX's Gather fails)."""
+    data, indices, scales, zero = n.inputs[0], n.inputs[1], n.inputs[2], n.input(3)
+    bits, block = n.attr("bits", 4), n.attr("block_size", 128)
+    if ctx.dtype(data) != "uint8" or ctx.rank(data) != 2 or bits not in (2, 4, 8):
+        ctx.unsupported(
+            f"{bits}-bit data {ctx.dtype(data)}{list(ctx.shape(data))} (uint8 tables of 2, 4 or 8 bits are)"
+        )
+    axes = [
+        normalize_axes([n.attr(name, default)], 2)[0]
+        for name, default in (("gather_axis", 0), ("quantize_axis", 1))
+    ]
+    if axes != [0, 1]:
+        ctx.unsupported("a gather along the quantized axis")
+    rows, cols = ctx.shape(data)
+    k, blocks = cols * 8 // bits, -(-cols * 8 // bits // block)
+    if ctx.shape(scales) != (rows, blocks):
+        raise KorchError(f"GatherBlockQuantized scales {list(ctx.shape(scales))} do not fit data {[rows, k]}")
+    shape = ctx.shape(indices)
+    picked = math.prod(shape)
+    i = ctx.reshape(ctx.cast(indices, "int64"), (picked,))
+    size = ctx.scalar(rows, "int64")
+    inside = ctx.elementwise(
+        Prim.AND,
+        ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, i, ctx.scalar(-rows, "int64"))),
+        ctx.elementwise(Prim.LT, i, size),
+    )
+    i = ctx.elementwise(
+        Prim.WHERE, ctx.elementwise(Prim.LT, i, ctx.scalar(0, "int64")), ctx.elementwise(Prim.ADD, i, size), i
+    )
+    i = ctx.elementwise(Prim.WHERE, inside, i, ctx.scalar(0, "int64"))
+
+    def rows_of(table: str) -> str:
+        return ctx.emit(Prim.GATHER, table, i, axis=0)
+
+    q = _unpacked(ctx, rows_of(data), bits)
+    if zero is None:
+        z = ctx.scalar(2.0 ** (bits - 1), "float32")
+    else:
+        z = _unpacked(ctx, rows_of(ctx.reshape(zero, (rows, ctx.type(zero).numel // rows))), bits)
+        z = _blocks_spread(ctx, ctx.slice_axis(z, 1, 0, blocks), block, k)
+    s = _blocks_spread(ctx, ctx.cast(rows_of(scales), "float32"), block, k)
+    y = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, q, z), s)
+    y = ctx.elementwise(Prim.WHERE, ctx.reshape(inside, (picked, 1)), y, ctx.scalar(0.0, "float32"))
+    return [ctx.cast(ctx.reshape(y, (*shape, k)), ctx.dtype(scales))]
+
+
+def _blocks_spread(ctx: Lowering, v: str, block: int, k: int) -> str:
+    """[P, blocks] -> [P, k]: each value over its block of K."""
+    picked, blocks = ctx.shape(v)
+    spread = ctx.broadcast_to(ctx.reshape(v, (picked, blocks, 1)), (picked, blocks, block))
+    return ctx.slice_axis(ctx.reshape(spread, (picked, blocks * block)), 1, 0, k)
