@@ -49,6 +49,7 @@ QUANTIZING_OPS = (
     "QLinearGlobalAveragePool",
     "QGemm",
     "DynamicQuantizeMatMul",
+    "MatMulNBits",  # (at accuracy_level 4, which rounds its input to 8 bits)
 )
 
 

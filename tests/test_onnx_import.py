@@ -326,3 +326,20 @@ def _scan(in_axis: int, backwards: int, out_axis: int) -> onnx.ModelProto:
 def test_a_scan_is_unrolled_over_its_pinned_length(in_axis, backwards, out_axis):
     x = np.random.default_rng(4).standard_normal((5, 3) if in_axis == 0 else (3, 5)).astype("float32")
     check_model(_scan(in_axis, backwards, out_axis), {"x": x}, tol=1e-6)  # (against ONNX Runtime)
+
+
+def test_a_value_info_that_contradicts_a_constant_is_not_reported_but_one_of_an_operator_is():
+    """The model builder declares its [1] constants as scalars in value_info: every file warned.
+    A Constant's type is its tensor's; an operator's output is still cross-checked."""
+    one = helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(np.ones(1, np.float32)))
+    nodes = [one, helper.make_node("Add", ["x", "one"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "g", [vi("x", TensorProto.FLOAT, [2, 3])], [vi("y", TensorProto.FLOAT, [2, 3])]
+    )
+    graph.value_info.extend([vi("one", TensorProto.FLOAT, [])])
+    model = onnx_model(graph)
+    assert check_model(model, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}).warnings == []
+    graph.value_info.extend([vi("s", TensorProto.FLOAT, [3, 2])])
+    (warning,) = korch.fission(onnx_model(graph)).warnings
+    assert "'s' lowered to f32[2,3], ONNX shape inference says f32[3,2]" in warning, warning

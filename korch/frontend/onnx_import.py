@@ -256,7 +256,10 @@ def _lower_nodes(ctx: Lowering, nodes, env: dict[str, str], scope: _Scope) -> No
             raise KorchError(f"{where}: {e}") from None
         for name, value in zip(node.output, outs):
             if name:
-                _check_type(where, name, b.types[value], scope.expected, scope.warnings)
+                # (a Constant's type is its tensor's; a value_info that says otherwise, as the
+                # model builder writes for its [1] constants, is the file's slip)
+                if node.op_type != "Constant":
+                    _check_type(where, name, b.types[value], scope.expected, scope.warnings)
                 _check_size(where, name, b.types[value])
                 env[name] = value
 

@@ -456,7 +456,7 @@ def matmul_nbits(ctx: Lowering, n: OnnxNode) -> list[str]:
             f"K={k}, N={rows}, {bits} bits in blocks of {block}"
         )
     x, dtype = ctx.widened(a)
-    q = _unpacked(ctx, ctx.keep_packed(ctx.reshape(b, (rows, blocks * block // per))), bits)
+    q = _unpacked(ctx, ctx.reshape(ctx.keep_packed(b), (rows, blocks * block // per)), bits)
     w = ctx.reshape(q, (rows, blocks, block))
     floats = zero is not None and ctx.dtype(zero) != "uint8"
     if zero is None:
@@ -515,6 +515,9 @@ def _rounded_per_block(ctx: Lowering, x: str, block: int) -> str:
         Prim.ROUND,
         ctx.elementwise(Prim.MUL, xb, ctx.elementwise(Prim.DIV, ctx.scalar(127.0, "float32"), safe)),
     )
+    # as 8-bit integers (exact: -127..127): what marks the graph as quantizing (korch.tolerance),
+    # as ONNX Runtime's results themselves move by a step where a value sits on a rounding tie
+    q = ctx.cast(ctx.cast(q, "int8"), "float32")
     y = ctx.reshape(ctx.elementwise(Prim.MUL, q, scale), (*shape[:-1], blocks * block))
     return ctx.slice_axis(y, len(shape) - 1, 0, k)
 
