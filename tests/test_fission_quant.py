@@ -5,7 +5,7 @@ outputs must be equal, element for element."""
 import numpy as np
 import onnx
 import pytest
-from helpers import Const, check_contrib_op, check_op, one_node_model, rand
+from helpers import Const, check_contrib_op, check_model, check_op, one_node_model, rand
 
 
 def ints(*shape, dtype="uint8", seed=0):
@@ -621,7 +621,7 @@ def test_matmul_nbits_rounding_its_input_to_8_bits_is_checked_as_quantized():
         assert graph_tolerance(korch.fission(model).graph) == tolerance
 
 
-def test_matmul_nbits_keeps_its_weight_packed_and_runs_in_every_backend(tmp_path):
+def test_matmul_nbits_keeps_its_weight_packed_and_runs_in_inductor(tmp_path):
     """The weight stays 4 bits a value in the graph, unpacked by the kernel that reads it (folded
     at import, as every constant expression is, it was a float32 constant 8 times its size); a
     plan of Inductor kernels (the GPU's kind, without ONNX Runtime) computes what ONNX Runtime does."""
@@ -673,8 +673,6 @@ def test_gather_block_quantized_outside_the_table_is_zeros_and_half_floats():
 
 
 def test_matmul_nbits_g_idx_stays_opaque():
-    from helpers import check_model
-
     inputs = nbits_inputs(4, 64, 12, 32, None)
     inputs[3:] = [None, Const((np.arange(64) // 32).astype("int32"))]
     attrs = {"K": 64, "N": 12, "bits": 4, "block_size": 32}
