@@ -70,11 +70,11 @@ def measure(path: Path, budget: float, cache: str | None, backends=None, **pins)
     opaque = len(fission.opaque)
     row = f"{len(fission.graph.nodes):6d} {opaque:6d} {korch.check_fission(fission):8.1e}"
     plan = korch.optimize(path, time_budget=budget, cache=cache, progress=False, backends=backends, **pins)
-    backends = ",".join(sorted({k.backend for k in plan.kernels}))
+    used = ",".join(sorted({k.backend for k in plan.kernels}))
     timed = bench(plan, ("onnxruntime",))["results"]
     korch_ms, ort_ms = timed["korch"]["median_ms"], timed["onnxruntime"]["median_ms"]
     return (
-        f"{row} {len(plan.kernels):7d} {backends:22s} {plan.verify():8.1e} "
+        f"{row} {len(plan.kernels):7d} {used:22s} {plan.verify():8.1e} "
         f"{korch_ms:9.3f} {ort_ms:9.3f} {ort_ms / korch_ms:6.2f}x"
     )
 

@@ -266,10 +266,10 @@ def _outputs_fresh(plan, backends) -> bool:
     )
 
 
-def _check_indices(name: str, tensor: torch.Tensor, limit: int | None) -> None:
+def _check_indices(name: str, tensor: torch.Tensor, limit: int) -> None:
     """An index outside the table it indexes is the caller's mistake: say so here, before a
     kernel fails on it with an assertion from deep inside a backend (or reads out of bounds)."""
-    if limit is None or tensor.numel() == 0:
+    if tensor.numel() == 0:
         return
     low, high = (int(x) for x in torch.aminmax(tensor))
     if low < -limit or high >= limit:

@@ -457,24 +457,27 @@ def matmul_nbits(ctx: Lowering, n: OnnxNode) -> list[str]:
         )
     x, dtype = ctx.widened(a)
     q = _unpacked(ctx, ctx.reshape(ctx.keep_packed(b), (rows, blocks * block // per)), bits)
-    w = ctx.reshape(q, (rows, blocks, block))
     floats = zero is not None and ctx.dtype(zero) != "uint8"
-    if zero is None:
-        z = ctx.scalar(2.0 ** (bits - 1), "float32")
-    elif floats:
-        z = ctx.reshape(ctx.cast(zero, "float32"), (rows, blocks, 1))
-    else:
-        z = _unpacked(ctx, ctx.reshape(zero, (rows, -(-blocks * bits // 8))), bits)
-        z = ctx.reshape(ctx.slice_axis(z, 1, 0, blocks), (rows, blocks, 1))
-    scale = ctx.reshape(ctx.cast(scales, "float32"), (rows, blocks, 1))
-    w = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, w, z), scale)
-    w = ctx.slice_axis(ctx.reshape(w, (rows, blocks * block)), 1, 0, k)
+    if zero is not None:
+        zero = ctx.reshape(zero, (rows, blocks if floats else ctx.type(zero).numel // rows))
+    w = _blockwise(ctx, ctx.slice_axis(q, 1, 0, k), ctx.reshape(scales, (rows, blocks)), zero, bits, block)
     if n.attr("accuracy_level", 0) == 4 and not floats:
         x = _rounded_per_block(ctx, x, block)
     y = matmul(ctx, x, ctx.transpose(w, (1, 0)))
     if bias is not None:
         y = ctx.elementwise(Prim.ADD, y, ctx.cast(bias, "float32"))
     return [ctx.cast(y, dtype)]
+
+
+def _blockwise(ctx: Lowering, q: str, scales: str, zeros: str | None, bits: int, block: int) -> str:
+    """(q - zero point) * scale in float32: q [R, K] `bits`-bit values as floats, scales [R, blocks]
+    each over `block` of K; zero points none (2^(bits-1)), packed uint8 [R, bytes] or floats
+    [R, blocks]."""
+    if zeros is None:
+        q = ctx.elementwise(Prim.SUB, q, ctx.scalar(2.0 ** (bits - 1), "float32"))
+    elif ctx.dtype(zeros) == "uint8":
+        zeros = ctx.slice_axis(_unpacked(ctx, zeros, bits), 1, 0, ctx.shape(scales)[1])
+    return dequantize(ctx, q, scales, zeros, axis=1, block=block)
 
 
 def _unpacked(ctx: Lowering, packed: str, bits: int) -> str:
@@ -562,20 +565,7 @@ def gather_block_quantized(ctx: Lowering, n: OnnxNode) -> list[str]:
     def rows_of(table: str) -> str:
         return ctx.emit(Prim.GATHER, table, i, axis=0)
 
-    q = _unpacked(ctx, rows_of(data), bits)
-    if zero is None:
-        z = ctx.scalar(2.0 ** (bits - 1), "float32")
-    else:
-        z = _unpacked(ctx, rows_of(ctx.reshape(zero, (rows, ctx.type(zero).numel // rows))), bits)
-        z = _blocks_spread(ctx, ctx.slice_axis(z, 1, 0, blocks), block, k)
-    s = _blocks_spread(ctx, ctx.cast(rows_of(scales), "float32"), block, k)
-    y = ctx.elementwise(Prim.MUL, ctx.elementwise(Prim.SUB, q, z), s)
+    zeros = None if zero is None else rows_of(ctx.reshape(zero, (rows, ctx.type(zero).numel // rows)))
+    y = _blockwise(ctx, _unpacked(ctx, rows_of(data), bits), rows_of(scales), zeros, bits, block)
     y = ctx.elementwise(Prim.WHERE, ctx.reshape(inside, (picked, 1)), y, ctx.scalar(0.0, "float32"))
     return [ctx.cast(ctx.reshape(y, (*shape, k)), ctx.dtype(scales))]
-
-
-def _blocks_spread(ctx: Lowering, v: str, block: int, k: int) -> str:
-    """[P, blocks] -> [P, k]: each value over its block of K."""
-    picked, blocks = ctx.shape(v)
-    spread = ctx.broadcast_to(ctx.reshape(v, (picked, blocks, 1)), (picked, blocks, block))
-    return ctx.slice_axis(ctx.reshape(spread, (picked, blocks * block)), 1, 0, k)
