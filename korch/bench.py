@@ -91,7 +91,7 @@ def _agreement(want: list[np.ndarray], got) -> float:
 def _systems(plan: Plan, peers, module, feeds) -> tuple[dict[str, Callable], dict[str, float]]:
     exe = plan.executable()
     tensors = exe.feeds((), feeds)
-    systems = {"korch": lambda: exe.run_tensors(tensors)}
+    systems = {"korch": exe.caller(feeds)}
     if any(p in TORCH_MODES for p in peers) and module is None:
         raise KorchError(
             "torch peers need the PyTorch module: models built by `korch zoo` carry it; for other "

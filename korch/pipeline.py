@@ -434,9 +434,7 @@ def _runoff(best, measured: list, spread_s: float, options: OptimizeOptions | No
     _say(options, f"{len(close)} plans within {RUNOFF - 1:.0%} of the fastest run again side by side")
     calls = {}
     for i, (plan, _) in enumerate(close):
-        exe = plan.executable()
-        feeds = exe.feeds((), plan.random_inputs())
-        calls[i] = lambda exe=exe, feeds=feeds: exe.run_tensors(feeds)
+        calls[i] = plan.executable().caller(plan.random_inputs())
     pause = spread_s / RUNOFF_ROUNDS
     # blocks of at least min_time each (and 4 calls): a sub-millisecond plan gets tens of samples
     block_s = options.min_time if options is not None else OptimizeOptions.min_time

@@ -37,6 +37,7 @@ class Executable:
         # each kernel's arguments with the weights in place once, here: a call fills in only the
         # values computed at run time (a source model run whole reads some 200 weights)
         self.steps = []
+        lanes = []  # each kernel's numpy form (CompiledKernel.arrays), None where it has none
         for k in plan.kernels:
             if k.backend not in backends:
                 raise KorchError(f"the plan needs backend {k.backend!r}, which this korch does not have")
@@ -48,6 +49,7 @@ class Executable:
                 weights = {n: plan.weights[v] for n, v in reads}
                 compiled[ident] = compile_with(backend, k.spec, device, weights)
             ins = k.spec.inputs
+            lanes.append(compiled[ident].arrays)
             self.steps.append(
                 (
                     compiled[ident].fn,
@@ -65,6 +67,16 @@ class Executable:
         self._device = torch.device(device)
         self._outputs_fresh = _outputs_fresh(plan, backends)
         self._cuda_graph = None  # (graph, static inputs, static outputs) once captured; False: cannot
+        # a plan whose every kernel runs on numpy arrays (ONNX Runtime on a CPU, a source model run
+        # whole the common case) runs a numpy caller's arrays as they are: converting each value to
+        # a tensor and back cost 30 us a call around a 13 us session (5 values in, 5 out)
+        self._array_steps = None
+        if device == "cpu" and self._outputs_fresh and all(lanes):
+            self._array_steps = [
+                (arrays, [None if w is None else to_numpy(w) for w in args], *rest)
+                for arrays, (_, args, *rest) in zip(lanes, self.steps)
+            ]
+            self._array_wants = {n: (tuple(t.shape), np.dtype(t.dtype)) for n, t in plan.inputs}
 
     def run_tensors(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """The plan's outputs. On CUDA the kernel sequence is captured once as a CUDA graph and
@@ -107,12 +119,13 @@ class Executable:
             log.info("korch: CUDA graph capture failed (%s); running kernel by kernel", line)
             return False
 
-    def _run(self, feeds: dict[str, torch.Tensor], mark: Callable[[], None] | None = None) -> list:
-        """Every kernel in order; `mark` is called before the first kernel and after each."""
+    def _run(self, feeds: dict, mark: Callable[[], None] | None = None, steps=None) -> list:
+        """Every kernel in order (`steps`: self.steps, on tensors, or self._array_steps, on
+        arrays); `mark` is called before the first kernel and after each."""
         env = dict(feeds)
         if mark is not None:
             mark()
-        for fn, args, computed, outs, free in self.steps:
+        for fn, args, computed, outs, free in steps or self.steps:
             args = list(args)
             for i, v in computed:
                 args[i] = env[v]
@@ -150,9 +163,13 @@ class Executable:
         `spread_s` seconds, so a burst of interference cannot slow all of them. On CUDA the whole
         plan is timed as a caller runs it (its CUDA graph replayed, synchronised) and each kernel
         by the device's time in a kernel-by-kernel run, the host's launch overhead hidden as it is
-        in the replay (the profiler's isolated timings are taken the same way)."""
+        in the replay (the profiler's isolated timings are taken the same way). A plan that runs
+        on arrays is timed on them, as a numpy caller's calls run it."""
         device = self.plan.device
         cuda = device.startswith("cuda")
+        steps = self._array_steps
+        if steps is not None:
+            feeds = {name: to_numpy(t) for name, t in feeds.items()}
         if cuda:  # warm-up (lazy initialisation, autotuning), then how long the host takes to queue the plan
             self._run(feeds)
             synchronize(device)
@@ -165,7 +182,7 @@ class Executable:
             if i > 1 and spread_s > 0:
                 time.sleep(spread_s / (repeats - 1))
                 for _ in range(WAKE_CALLS):  # thread pools and clocks wake up after the pause
-                    self._run(feeds)
+                    self._run(feeds, steps=steps)
             synchronize(device)
             if cuda:
                 begin = time.perf_counter()
@@ -175,7 +192,7 @@ class Executable:
                 per_run.append(self._device_steps(feeds, hold_ms))
             else:
                 stamps: list[float] = []
-                self._run(feeds, lambda: stamps.append(time.perf_counter()))  # noqa: B023 (called here)
+                self._run(feeds, lambda: stamps.append(time.perf_counter()), steps)  # noqa: B023 (called here)
                 totals.append((stamps[-1] - stamps[0]) * 1e3)
                 per_run.append([(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])])
         per_step = [statistics.median(t) for t in zip(*per_run[1:])]
@@ -186,7 +203,37 @@ class Executable:
         held (backends.device_intervals) while the host queues the plan kernel by kernel."""
         return device_intervals(self.plan.device, hold_ms, lambda mark: self._run(feeds, mark))
 
-    def feeds(self, inputs, named) -> dict[str, torch.Tensor]:
+    def run_arrays(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The plan's outputs, each new memory, for feeds that array_feeds returned."""
+        return self._run(feeds, steps=self._array_steps)
+
+    def caller(self, feeds: dict[str, np.ndarray]) -> Callable[[], list]:
+        """The plan called on these arrays as a numpy caller's calls run it, the inputs checked
+        once here (run_arrays where the plan runs on arrays, else run_tensors): what the bench
+        and optimize's runoff time."""
+        arrays = self.array_feeds((), feeds)
+        if arrays is not None:
+            return lambda: self.run_arrays(arrays)
+        tensors = self.feeds((), feeds)
+        return lambda: self.run_tensors(tensors)
+
+    def array_feeds(self, inputs, named) -> dict[str, np.ndarray] | None:
+        """The caller's numpy arrays as run_arrays takes them, or None where the plan does not run
+        on arrays (a kernel that is not ONNX Runtime on a CPU) or some value is not the plan's
+        shape and dtype in this machine's byte order: `feeds` converts it then, or says why not
+        (ONNX Runtime would read a big-endian array's bytes as they are)."""
+        if self._array_steps is None:
+            return None
+        given = self._given(inputs, named)
+        for name, value in given.items():
+            if not isinstance(value, np.ndarray) or (value.shape, value.dtype) != self._array_wants[name]:
+                return None
+            if name in self.index_limits:
+                _check_indices(name, value, self.index_limits[name])
+        return given
+
+    def _given(self, inputs, named) -> dict:
+        """The caller's values by input name, all of them and no others."""
         if len(inputs) > len(self.input_names):
             raise KorchError(f"the plan takes {len(self.input_names)} inputs, got {len(inputs)}")
         given = dict(zip(self.input_names, inputs))
@@ -195,8 +242,11 @@ class Executable:
         unknown = [n for n in given if n not in self.input_types]
         if missing or unknown:
             raise KorchError(f"inputs do not match the plan: {mismatch(missing, unknown)}")
+        return given
+
+    def feeds(self, inputs, named) -> dict[str, torch.Tensor]:
         feeds = {}
-        for name, value in given.items():
+        for name, value in self._given(inputs, named).items():
             t = self.input_types[name]
             tensor = _as_tensor(name, value, t)
             if (tensor.shape, tensor.dtype) != self._wants[name]:
@@ -212,6 +262,10 @@ class Executable:
     def __call__(self, *inputs, **named):
         """Numpy arrays in, numpy arrays out; torch tensors in, torch tensors out."""
         as_numpy = not any(isinstance(x, torch.Tensor) for x in (*inputs, *named.values()))
+        if as_numpy:
+            arrays = self.array_feeds(inputs, named)
+            if arrays is not None:
+                return self.run_arrays(arrays)
         outs = self.run_owned(self.feeds(inputs, named))
         return [to_numpy(o) for o in outs] if as_numpy else outs
 
@@ -266,12 +320,16 @@ def _outputs_fresh(plan, backends) -> bool:
     )
 
 
-def _check_indices(name: str, tensor: torch.Tensor, limit: int) -> None:
+def _check_indices(name: str, values: torch.Tensor | np.ndarray, limit: int) -> None:
     """An index outside the table it indexes is the caller's mistake: say so here, before a
     kernel fails on it with an assertion from deep inside a backend (or reads out of bounds)."""
-    if tensor.numel() == 0:
+    if isinstance(values, np.ndarray):
+        bounds = (values.min(), values.max()) if values.size else None
+    else:
+        bounds = torch.aminmax(values) if values.numel() else None
+    if bounds is None:
         return
-    low, high = (int(x) for x in torch.aminmax(tensor))
+    low, high = (int(x) for x in bounds)
     if low < -limit or high >= limit:
         raise KorchError(
             f"input {name!r} indexes a dimension of size {limit}: its values must be in "

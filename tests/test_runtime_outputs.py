@@ -259,3 +259,59 @@ def test_an_input_in_any_numpy_layout_is_taken_by_value(layout, backend):
         got = plan(given, m)
     assert_equal(got, want)
     np.testing.assert_array_equal(given, x)  # untouched
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one_kernel", "kernel_per_primitive"])
+def test_a_plan_of_onnxruntime_sessions_runs_a_numpy_callers_arrays_as_they_are(split):
+    """Converting each value to a tensor and back cost 30 us a call around a 13 us session: a
+    plan whose every kernel is ONNX Runtime on a CPU runs arrays in, arrays out (the tensor form of
+    its kernels is never called), and falls back to converting a value it cannot pass as it is."""
+    graph = model(
+        [helper.make_node("Add", ["x", "m"], ["s"]), helper.make_node("Tanh", ["s"], ["y"])],
+        [info("y", [2, 3]), info("s", [2, 3])],
+        inputs=(X, info("m", [2, 3])),
+    )
+    x = np.linspace(-2, 3, 6, dtype=np.float32).reshape(2, 3)
+    m = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": x, "m": m})
+    exe = plan_for(graph, "onnxruntime", split).executable()
+    tensor_calls = []
+
+    def counting(fn):
+        def run(*args):
+            tensor_calls.append(fn)
+            return fn(*args)
+
+        return run
+
+    exe.steps = [(counting(fn), *rest) for fn, *rest in exe.steps]
+    assert exe.array_feeds((x, m), {}) is not None
+    for call in (lambda: exe(x, m), lambda: exe.caller({"x": x, "m": m})(), lambda: exe(x=x, m=m)):
+        got = call()
+        assert_equal(got, want)
+        assert all(isinstance(g, np.ndarray) for g in got) and not tensor_calls
+        assert not any(np.shares_memory(g, a) for g in got for a in (x, m))
+    # (ONNX Runtime would read a big-endian array's bytes as they are)
+    assert exe.array_feeds((x.astype(">f4"), m), {}) is None
+    assert_equal(exe(x.astype(">f4"), m), want)
+    assert tensor_calls  # converted
+    assert_equal([t.numpy() for t in exe(torch.from_numpy(x), torch.from_numpy(m))], want)
+    with pytest.raises(KorchError, match=r"input 'x' is float64\[2, 3\], the plan wants float32\[2, 3\]"):
+        exe(x.astype(np.float64), m)
+    with pytest.raises(KorchError, match=r"inputs do not match the plan"):
+        exe(x, q=m)
+
+
+def test_a_plan_with_a_kernel_that_is_not_onnxruntime_converts_arrays():
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node("Tanh", ["s"], ["y"])]
+    graph = model(nodes, [info("y", [2, 3])])
+    prims = korch.fission(graph).graph
+    assert len(prims.nodes) == 2
+    for backends in (("eager", "onnxruntime"), ("onnxruntime", "eager")):
+        chosen = [Choice(make_candidate(prims, [i]), b, 1.0) for i, b in enumerate(backends)]
+        exe = build_plan(prims, Solution(chosen), "cpu", {}).executable()
+        x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+        assert exe.array_feeds((x,), {}) is None
+        want = onnxruntime_outputs(graph, x)[0]
+        np.testing.assert_allclose(exe(x)[0], want, rtol=1e-6)  # (tanh's last bit differs)

@@ -34,6 +34,10 @@ Weights = Mapping[str, np.ndarray]  # kernel input name -> the model's constant 
 class CompiledKernel:
     fn: Callable[..., list[torch.Tensor]]
     kernels: int = 1  # device kernels launched per call, as far as the backend knows
+    # the same kernel on numpy arrays (arrays in, new arrays out), where the backend runs on them
+    # natively (ONNX Runtime on a CPU): a plan made of such kernels runs a numpy caller's arrays
+    # without converting each value to a tensor and back (korch.runtime.Executable.run_arrays)
+    arrays: Callable[..., list[np.ndarray]] | None = None
 
 
 class Backend:

@@ -340,7 +340,10 @@ class OnnxRuntimeBackend(Backend):
                 feeds = {name: inputs[i].detach().contiguous().numpy() for name, i in zip(in_names, fed)}
                 return [torch.from_numpy(y) for y in sess.run(out_names, feeds)]
 
-            return CompiledKernel(run, kernels=nodes)
+            def arrays(*inputs: np.ndarray) -> list[np.ndarray]:
+                return sess.run(out_names, {name: inputs[i] for name, i in zip(in_names, fed)})
+
+            return CompiledKernel(run, kernels=nodes, arrays=arrays)
 
         from korch.backends.torch_ops import DTYPES
 
