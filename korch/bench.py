@@ -90,14 +90,16 @@ def _agreement(want: list[np.ndarray], got) -> float:
 
 def _systems(plan: Plan, peers, module, feeds) -> tuple[dict[str, Callable], dict[str, float]]:
     exe = plan.executable()
-    tensors = exe.feeds((), feeds)
     systems = {"korch": exe.caller(feeds)}
-    if any(p in TORCH_MODES for p in peers) and module is None:
-        raise KorchError(
-            "torch peers need the PyTorch module: models built by `korch zoo` carry it; for other "
-            "models pass module= to korch.bench.bench"
-        )
-    ordered = [tensors[n] for n, _ in plan.inputs]
+    ordered = []  # the torch peers' inputs, on the plan's device
+    if any(p in TORCH_MODES for p in peers):
+        if module is None:
+            raise KorchError(
+                "torch peers need the PyTorch module: models built by `korch zoo` carry it; for other "
+                "models pass module= to korch.bench.bench"
+            )
+        tensors = exe.feeds((), feeds)
+        ordered = [tensors[n] for n, _ in plan.inputs]
     compile_s = {}
     for peer in peers:
         start = time.perf_counter()

@@ -164,7 +164,7 @@ class Executable:
         plan is timed as a caller runs it (its CUDA graph replayed, synchronised) and each kernel
         by the device's time in a kernel-by-kernel run, the host's launch overhead hidden as it is
         in the replay (the profiler's isolated timings are taken the same way). A plan that runs
-        on arrays is timed on them, as a numpy caller's calls run it."""
+        on arrays is timed on them (as `caller` runs it)."""
         device = self.plan.device
         cuda = device.startswith("cuda")
         steps = self._array_steps
@@ -204,13 +204,14 @@ class Executable:
         return device_intervals(self.plan.device, hold_ms, lambda mark: self._run(feeds, mark))
 
     def run_arrays(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """The plan's outputs, each new memory, for feeds that array_feeds returned."""
+        """The plan's outputs, each new memory, for feeds that array_feeds returned (and checked:
+        nothing is checked here)."""
         return self._run(feeds, steps=self._array_steps)
 
     def caller(self, feeds: dict[str, np.ndarray]) -> Callable[[], list]:
-        """The plan called on these arrays as a numpy caller's calls run it, the inputs checked
-        once here (run_arrays where the plan runs on arrays, else run_tensors): what the bench
-        and optimize's runoff time."""
+        """The plan called on these arrays in the values it runs on, the inputs checked (and
+        converted) once here: run_arrays, arrays in and out, where the plan runs on arrays, else
+        run_tensors, tensors in and out. What the bench and optimize's runoff time."""
         arrays = self.array_feeds((), feeds)
         if arrays is not None:
             return lambda: self.run_arrays(arrays)
@@ -226,7 +227,8 @@ class Executable:
             return None
         given = self._given(inputs, named)
         for name, value in given.items():
-            if not isinstance(value, np.ndarray) or (value.shape, value.dtype) != self._array_wants[name]:
+            # (exactly an ndarray: a masked array's min and max skip the masked values it holds)
+            if type(value) is not np.ndarray or (value.shape, value.dtype) != self._array_wants[name]:
                 return None
             if name in self.index_limits:
                 _check_indices(name, value, self.index_limits[name])
