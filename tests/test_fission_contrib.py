@@ -379,6 +379,10 @@ def test_group_query_attention_sliding_window_cache():
     check_gqa_rows(gqa_inputs(1, past=6, lengths=[10, 4], known=True), attrs, [(1, 4), (1, 4)])
     chunk = gqa_inputs(3, batch=1, past=6, lengths=[12], rotary=True, known=True)
     check_gqa_rows(chunk, {**attrs, "do_rotary": 1, "softcap": 0.5}, [(3, 6)])
+    # total_sequence_length, which this path does not read, known only at run time
+    unknown_total = gqa_inputs(1, past=6, lengths=[10, 4], known=True)
+    unknown_total[6] = unknown_total[6].value
+    check_gqa_rows(unknown_total, attrs, [(1, 4), (1, 4)])
 
 
 def test_group_query_attention_sinks():

@@ -428,9 +428,6 @@ def ms_group_query_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
         raise KorchError(
             f"GroupQueryAttention past {list(ctx.shape(past_k))} is not [{batch}, {kv_heads}, P, {size}]"
         )
-    span = max(
-        int(ctx.require_const(total, "GroupQueryAttention total_sequence_length").reshape(-1)[0]), past
-    )
     # per batch entry, [batch, 1, 1, 1]: tokens after this step, and where the new ones start
     lengths = ctx.elementwise(
         Prim.ADD, ctx.reshape(ctx.cast(seqlens, "int64"), (batch, 1, 1, 1)), ctx.scalar(1, "int64")
@@ -457,7 +454,10 @@ def ms_group_query_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
         if attention_bias is not None:
             ctx.unsupported("GroupQueryAttention with sliding_window_cache and attention_bias")
         held, present, bias = _sliding_cache(ctx, news, pasts, lengths, window, dtype)
-    else:
+    else:  # (a window-sized cache's rows are its past's: total_sequence_length is read only here)
+        span = max(
+            int(ctx.require_const(total, "GroupQueryAttention total_sequence_length").reshape(-1)[0]), past
+        )
         present = [_kv_cache(ctx, t, p, lengths, start, span) for t, p in zip(news, pasts)]
         held = present
         bias = band_bias(ctx, seq, span, start, 0, window - 1 if window > 0 else None, dtype)
