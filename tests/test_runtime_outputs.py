@@ -263,7 +263,7 @@ def test_an_input_in_any_numpy_layout_is_taken_by_value(layout, backend):
 
 @pytest.mark.parametrize("split", [False, True], ids=["one_kernel", "kernel_per_primitive"])
 def test_a_plan_of_onnxruntime_sessions_runs_a_numpy_callers_arrays_as_they_are(split):
-    """Converting each value to a tensor and back cost 30 us a call around a 13 us session: a
+    """Converting each value to a tensor and back cost 24 us a call around a 13 us session: a
     plan whose every kernel is ONNX Runtime on a CPU runs arrays in, arrays out (the tensor form of
     its kernels is never called), and falls back to converting a value it cannot pass as it is."""
     graph = model(
