@@ -40,7 +40,19 @@ from quantized_zoo import measure
 import korch
 
 SIZES = {"tiny": dict(LM, num_key_value_heads=2), "base": BASE}  # (hf_sweep's, hf_decoder_bench's)
-# name -> (transformers model class, its config class, settings beyond the size's)
+QWEN35 = dict(
+    TOKENS,
+    layer_types=["linear_attention", "full_attention"],
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    mrope_section=[2, 1, 1],  # (rope_parameters: 8 of each head's features rotated)
+    vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64),
+)
+# name -> (transformers model class, its config class, settings beyond the size's; layer_types
+# repeat to the size's depth; with vision_config, the rest is the text_config)
 MODELS = {
     "llama": ("LlamaForCausalLM", "LlamaConfig", {}),
     "mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": 6}),
@@ -57,6 +69,35 @@ MODELS = {
     "granite": ("GraniteForCausalLM", "GraniteConfig", {}),
     "olmo": ("OlmoForCausalLM", "OlmoConfig", {}),
     "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", TOKENS),
+    # an attention layer, then a short-convolution layer (CausalConvWithState, its state an input)
+    "lfm2": ("Lfm2ForCausalLM", "Lfm2Config", dict(TOKENS, layer_types=["full_attention", "conv"])),
+    "lfm2-moe": (  # the convolution layer's MLP a mixture of experts (MoE; int4: QMoE)
+        "Lfm2MoeForCausalLM",
+        "Lfm2MoeConfig",
+        dict(
+            TOKENS,
+            layer_types=["full_attention", "conv"],
+            num_dense_layers=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+        ),
+    ),
+    # Gated DeltaNet layers (LinearAttention, its gates and norm, CausalConvWithState; the states
+    # inputs) between attention layers with multimodal rotary positions (MRotaryEmbedding;
+    # position_ids [3, batch, seq]); the text model of a vision-language checkpoint
+    "qwen3.5": ("Qwen3_5ForConditionalGeneration", "Qwen3_5Config", QWEN35),
+    "qwen3.5-moe": (  # its MLPs a mixture of experts (MoE, QMoE) plus a gated shared one (GatedAdd)
+        "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3_5MoeConfig",
+        dict(
+            QWEN35,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+        ),
+    ),
 }
 
 
@@ -67,10 +108,22 @@ def save_checkpoint(name: str, size: str, out: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     model_class, config_class, extra = MODELS[name]
-    dims = SIZES[size]
-    config = getattr(transformers, config_class)(
-        **dims, head_dim=dims["hidden_size"] // dims["num_attention_heads"], **extra
-    )
+    dims, extra = SIZES[size], dict(extra)
+    text = dict(dims, head_dim=dims["hidden_size"] // dims["num_attention_heads"])
+    if "layer_types" in extra:
+        pattern = extra.pop("layer_types")
+        text["layer_types"] = [pattern[i % len(pattern)] for i in range(dims["num_hidden_layers"])]
+    if "mrope_section" in extra:
+        sections = extra.pop("mrope_section")
+        rotated = 2 * sum(sections) / text["head_dim"]
+        text["rope_parameters"] = dict(
+            rope_type="default", rope_theta=10000.0, partial_rotary_factor=rotated, mrope_section=sections
+        )
+        text["rope_parameters"]["mrope_interleaved"] = True
+    vision = extra.pop("vision_config", None)
+    text.update(extra)
+    config_type = getattr(transformers, config_class)
+    config = config_type(text_config=text, vision_config=vision) if vision else config_type(**text)
     torch.manual_seed(0)
     getattr(transformers, model_class)(config).eval().save_pretrained(out)
     vocab = {f"t{i}": i for i in range(dims["vocab_size"])}
@@ -110,9 +163,13 @@ def pins(out: Path, tokens: int, decode: bool) -> dict:
         elif inp.name.startswith("past_key_values."):
             rows = capacity if int(inp.name.split(".")[1]) in windowed else past
             shapes[inp.name] = (1, config["num_key_value_heads"], rows, config["head_size"])
-        elif inp.name == "position_ids":
-            shapes[inp.name] = (1, new)
-            values[inp.name] = np.arange(past, past + new).reshape(1, new)
+        elif inp.name.startswith("past.") and inp.name.split(".")[-1] in ("conv", "recurrent"):
+            # a convolution's or a linear attention's state, [batch, ...] of fixed sizes
+            shapes[inp.name] = (1, *(d.dim_value for d in inp.type.tensor_type.shape.dim[1:]))
+        elif inp.name == "position_ids":  # [batch, seq], or [3, batch, seq] (multimodal rotary)
+            streams = (3,) * (len(inp.type.tensor_type.shape.dim) == 3)
+            shapes[inp.name] = (*streams, 1, new)
+            values[inp.name] = np.broadcast_to(np.arange(past, past + new), shapes[inp.name]).copy()
         else:
             raise korch.KorchError(f"the model builder's input {inp.name} is new to this script")
     return {"shapes": shapes, "values": values}

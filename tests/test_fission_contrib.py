@@ -546,6 +546,179 @@ def test_moe_ties_go_to_the_higher_expert():
     check_contrib_op("MoE", [x, router, Const(weights[0]), None, Const(weights[1])], {"k": 2})
 
 
+def qmoe_inputs(
+    bits=4, block=32, zero=False, swiglu=False, bias=True, tokens=(6,), given=False, dtype="float32"
+):
+    """A QMoE node's inputs: 4 experts, 64 wide, 32 inside (64 rows of fc1 for swiglu), weights
+    packed as the model builder's int4 CPU build packs them (per row or per block of `block`),
+    packed zero points when `zero`, router_weights when `given`."""
+    rng = np.random.default_rng(0)
+    experts, hidden, inner = 4, 64, 32
+
+    def weight(rows, k):
+        q = rng.integers(0, 256, (experts, rows, k * bits // 8)).astype("uint8")
+        scales = rng.uniform(0.01, 0.05, (experts, rows, k // block) if block else (experts, rows))
+        zeros = (experts, rows, -(-(k // block) * bits // 8)) if block else (experts, -(-rows * bits // 8))
+        return Const(q), Const(scales.astype(dtype)), Const(rng.integers(0, 256, zeros).astype("uint8"))
+
+    width = 2 * inner if swiglu else inner
+    (q1, s1, z1), (q2, s2, z2) = weight(width, hidden), weight(hidden, inner)
+    b1, b2 = (
+        Const(rng.standard_normal((experts, n)).astype(dtype)) if bias else None for n in (width, hidden)
+    )
+    x = (rng.standard_normal((*tokens, hidden)) * 2).astype(dtype)
+    router = rng.standard_normal((int(np.prod(tokens)), experts)).astype(dtype)
+    zeros = [z1, z2] if zero else [None, None]
+    inputs = [x, router, q1, s1, b1, q2, s2, b2, None, None, None, *zeros]
+    return inputs + [None, rng.uniform(-0.2, 1, router.shape).astype(dtype)] if given else inputs
+
+
+def qmoe(attrs, tol=1e-4, **kw):
+    bits, block = attrs.get("expert_weight_bits", 4), attrs.get("block_size", 0)
+    return check_contrib_op("QMoE", qmoe_inputs(bits, block, **kw), attrs, tol=tol)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("block", [0, 32])
+@pytest.mark.parametrize("zero", [False, True])
+def test_qmoe_weights(bits, block, zero):
+    """2-, 4- and 8-bit experts, scaled per row or per block of 32, zero points packed or
+    2^(bits-1); blocked 8-bit weights run on activations rounded to 8 bits (ONNX Runtime's int8
+    kernel: dequantizing alone is 0.7% off)."""
+    attrs = {"expert_weight_bits": bits, "k": 2, "normalize_routing_weights": 1}
+    qmoe({**attrs, "block_size": block} if block else attrs, zero=zero)
+
+
+def test_qmoe_as_the_model_builder_writes_lfm2_moe():
+    """int4 in blocks of 32, interleaved swiglu, biases, normalize_routing_weights; accuracy_level
+    4 rounds 4-bit experts' activations to 8 bits per block (2-bit ones' not); a decode step's
+    one token."""
+    lfm2 = {"block_size": 32, "activation_type": "swiglu", "swiglu_fusion": 1, "k": 2}
+    qmoe({**lfm2, "normalize_routing_weights": 1}, swiglu=True)
+    qmoe({**lfm2, "activation_alpha": 1.702, "activation_beta": 1.0, "swiglu_limit": 0.5}, swiglu=True)
+    qmoe({**lfm2, "accuracy_level": 4}, swiglu=True, tokens=(1,))
+    qmoe({"expert_weight_bits": 2, "block_size": 32, "accuracy_level": 4})
+
+
+@pytest.mark.parametrize("kind", ["relu", "gelu", "silu", "identity"])
+def test_qmoe_activations_and_routing(kind):
+    """Without router_weights the k chosen are weighted by their softmax, normalize_routing_weights
+    or not (ONNX Runtime's CPU kernel; MoE's takes the softmax over all experts without it); with
+    router_weights, those of the k chosen (divided by their sum when normalized; a weight of at
+    most 1e-8, as the negative ones here, drops its expert)."""
+    qmoe({"activation_type": kind, "k": 2, "normalize_routing_weights": 0, "block_size": 32}, tokens=(2, 3))
+    qmoe({"activation_type": kind, "k": 3, "normalize_routing_weights": 1}, given=True, bias=False)
+    qmoe({"activation_type": kind, "k": 1, "normalize_routing_weights": 0}, given=True)
+
+
+def test_qmoe_of_float16_keeps_its_weights_packed():
+    """float16 values computed in float32 as ONNX Runtime does (to float16's precision); the packed
+    weights stay the graph's largest constants (folded at import they were float32, 8 times as
+    large)."""
+    result = qmoe({"block_size": 32, "k": 2, "accuracy_level": 4}, tol=2e-3, dtype="float16")
+    qmoe({"expert_weight_bits": 8, "k": 2}, tol=2e-3, dtype="float16")
+    packed = 4 * 32 * 64 // 2  # either weight: 4 experts x 32 x 64 values of 4 bits
+    assert max(c.nbytes for c in result.graph.constants.values()) == packed
+
+
+@pytest.mark.parametrize(
+    "attrs,length",
+    [({}, 5), ({"dilation": 2}, 5), ({"dilation": 3, "activation": "silu"}, 1), ({"activation": "swish"}, 2)],
+)
+@pytest.mark.parametrize("past", [False, True])
+def test_causal_conv_with_state(attrs, length, past):
+    """ONNX Runtime's CausalConvWithState (LFM2's short convolution: the model builder writes it
+    with the state an input): dilated taps, whose state is (k - 1) * dilation long; a decode
+    step's one position."""
+    state = 3 * attrs.get("dilation", 1)
+    inputs = [rand(2, 6, length), Const(rand(6, 1, 4, seed=1)), Const(rand(6, seed=2))]
+    inputs.append(rand(2, 6, state, seed=3) if past else None)
+    check_contrib_op("CausalConvWithState", inputs, attrs, n_outputs=2, tol=1e-5)
+
+
+def test_causal_conv_with_state_channels_last_and_float16():
+    """channels_last: x [batch, length, d1, d2] and the states [batch, state, d1, d2], channels d1 *
+    d2; float16 computed in float32."""
+    w = Const(rand(6, 1, 4, seed=1))
+    inputs = [rand(2, 5, 2, 3), w, None, rand(2, 3, 2, 3, seed=3)]
+    check_contrib_op("CausalConvWithState", inputs, {"channels_last": 1}, n_outputs=2, tol=1e-5)
+    half = [rand(2, 6, 5, dtype="float16"), Const(rand(6, 1, 4, seed=1, dtype="float16")), None]
+    check_contrib_op("CausalConvWithState", half, {"activation": "silu"}, n_outputs=2, tol=2e-3)
+
+
+@pytest.mark.parametrize(
+    "rule,heads,kv_heads,key_heads",
+    [("linear", 2, 2, 2), ("gated", 4, 2, 2), ("delta", 2, 1, 1), ("gated_delta", 4, 2, 2),
+     ("gated_delta", 2, 4, 4), ("linear", 1, 2, 2), ("gated_delta", 2, 4, 2)],
+)  # fmt: skip
+def test_linear_attention(rule, heads, kv_heads, key_heads):
+    """ONNX Runtime's LinearAttention (Qwen3.5's Gated DeltaNet layers as the model builder writes
+    them for a CPU), against its own CPU kernel: ONNX's opset-27 operator's rule. With more
+    key/value heads than query heads (Qwen3.5's 2 and 4) each query head serves a run of them and
+    the output has one head per key/value head; the key may then have the query's heads (Qwen3.5's
+    2 key heads for 4 value heads), grouped as the query's."""
+    rng = np.random.default_rng(0)
+    b, t, dk, dv = 2, 5, 4, 3
+    inputs = [
+        rand(b, t, heads * dk),
+        rand(b, t, key_heads * dk, seed=1) * 0.5,
+        rand(b, t, kv_heads * dv, seed=2),
+        rand(b, kv_heads, dk, dv, seed=3) if rule != "linear" else None,
+    ]
+    per_head = rule == "gated_delta"  # (a decay per head; per key dimension for "gated")
+    decay = -rng.uniform(0.05, 1, (b, t, kv_heads * (1 if per_head else dk))).astype("float32")
+    inputs.append(decay if "gated" in rule else None)
+    inputs.append(rng.uniform(0, 1, (b, t, kv_heads)).astype("float32") if "delta" in rule else None)
+    attrs = {"update_rule": rule, "q_num_heads": heads, "kv_num_heads": kv_heads}
+    check_contrib_op("LinearAttention", inputs, attrs, n_outputs=2, tol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 2e-3)])
+def test_linear_attention_gate_gated_rms_norm_gated_add(dtype, tol):
+    """The rest of a Gated DeltaNet layer and Qwen3.5-MoE's MLP as the model builder writes them:
+    LinearAttentionGate (decay = decay_scale * softplus(a + dt_bias) in float32, softplus whole
+    at +-100; beta = sigmoid(b), or none), GatedRMSNorm (per run of scale's length, each gate
+    activation) and GatedAdd (x + y * gate per row)."""
+    a = rand(2, 5, 4, dtype=dtype) * 4
+    a[0, 0] = [-100, -20, 20, 100]
+    scales = [Const(rand(4, seed=1)), Const(-np.exp(rand(4, seed=2)))]  # (float32 always)
+    check_contrib_op(
+        "LinearAttentionGate", [a, *scales, rand(2, 5, 4, seed=3, dtype=dtype)], n_outputs=2, tol=tol
+    )
+    check_contrib_op("LinearAttentionGate", [a, *scales], tol=tol)
+    x, gate = rand(2, 5, 12, dtype=dtype), rand(2, 5, 12, seed=2, dtype=dtype)
+    for activation in ("silu", "swish", "sigmoid"):
+        attrs = {"activation": activation, "epsilon": 1e-6}
+        check_contrib_op("GatedRMSNorm", [x, Const(rand(4, seed=1, dtype=dtype)), gate], attrs, tol=tol)
+    check_contrib_op("GatedRMSNorm", [x, Const(rand(12, seed=1, dtype=dtype)), gate], tol=tol)
+    y, row = rand(2, 5, 12, seed=4, dtype=dtype), rand(2, 5, 1, seed=5, dtype=dtype)
+    check_contrib_op("GatedAdd", [x, y, row], tol=tol)
+
+
+@pytest.mark.parametrize(
+    "layout,sections,rotated,four_d,interleaved",
+    [(1, [2, 1, 1], 8, False, 0), (0, [2, 1, 1], 8, False, 0), (1, [4, 2, 2], 16, False, 0),
+     (0, [3, 3, 2], 16, True, 0), (1, [2, 1, 1], 8, False, 1), (1, [1, 2, 1], 8, True, 0)],
+)  # fmt: skip
+def test_m_rotary_embedding(layout, sections, rotated, four_d, interleaved):
+    """Qwen-VL's and Qwen3.5's multimodal RoPE: three position streams (here all different, as an
+    image's tokens have them) read from one cache, the angles taken from them in contiguous
+    sections (layout 0) or interleaved (1, Qwen3.5's), then RotaryEmbedding's rotation of part
+    (or all) of each head."""
+    rng = np.random.default_rng(0)
+    angles = rng.uniform(0, 6, (32, sum(sections))).astype("float32")
+    positions = rng.integers(0, 32, (3, 2, 5)).astype("int64")
+    x = rand(2, 3, 5, 16) if four_d else rand(2, 5, 3 * 16)
+    attrs = {
+        "mrope_section": sections,
+        "mrope_layout": layout,
+        "rotary_embedding_dim": rotated,
+        "num_heads": 3,
+    }
+    inputs = [x, positions, Const(np.cos(angles)), Const(np.sin(angles))]
+    check_contrib_op("MRotaryEmbedding", inputs, {**attrs, "interleaved": interleaved}, tol=1e-6)
+
+
 # ------------------------------------------------- whole models as ONNX Runtime saves them
 
 

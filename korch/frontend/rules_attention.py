@@ -260,12 +260,14 @@ def rotary(ctx: Lowering, x: str, cos: str, sin: str, heads: int, dim: int, inte
 
 
 @fission("LinearAttention", 27)
-def linear_attention(ctx: Lowering, n: OnnxNode) -> list[str]:
+def linear_attention(ctx: Lowering, n: OnnxNode, inverse: bool = False) -> list[str]:
     """Attention with a recurrent state S [B, H_kv, d_k, d_v] instead of a softmax, unrolled over
     the (static) sequence: per step S decays by exp(decay) (gated rules), the value is corrected by
     what S already recalls for the key, times beta (delta rules), S gains key (x) value, and the
-    query reads scale * q S (each key/value head serving q_num_heads / kv_num_heads query heads).
-    Computed in float32; the output and the present state in the inputs' dtypes."""
+    query reads scale * q S (each key/value head serving q_num_heads / kv_num_heads query heads,
+    or, with more key/value heads where `inverse` allows it, as ONNX Runtime's own operator, each
+    query head kv_num_heads / q_num_heads of them). Computed in float32; the output and the
+    present state in the inputs' dtypes."""
     query, key, value = n.inputs[:3]
     past, decay, beta = n.input(3), n.input(4), n.input(5)
     rule = n.attr("update_rule", "gated_delta")
@@ -274,7 +276,8 @@ def linear_attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
     if rule not in ("linear", "gated", "delta", "gated_delta") or gating != (decay is not None):
         ctx.unsupported(f"LinearAttention update_rule {rule} with{'out' * (decay is None)} decay")
-    if delta != (beta is not None) or heads % kv_heads:
+    grouped = kv_heads % heads if inverse and kv_heads > heads else heads % kv_heads
+    if delta != (beta is not None) or grouped:
         raise KorchError(f"LinearAttention {rule}: beta given {beta is not None}, heads {heads}/{kv_heads}")
     b, t, _ = ctx.shape(query)
     dk, dv = ctx.shape(query)[2] // heads, ctx.shape(value)[2] // kv_heads
@@ -286,7 +289,20 @@ def linear_attention(ctx: Lowering, n: OnnxNode) -> list[str]:
         v = ctx.transpose(ctx.reshape(ctx.cast(v, "float32"), (b, t, count, width)), (0, 2, 1, 3))
         return [ctx.reshape(ctx.slice_axis(v, 2, i, 1), (b, count, width)) for i in range(t)]
 
-    qs, ks, vs = steps(query, heads), steps(key, kv_heads), steps(value, kv_heads)
+    key_heads = ctx.shape(key)[2] // dk  # kv_heads; in the inverse grouping heads too
+    if key_heads not in (kv_heads, heads if kv_heads > heads else kv_heads):
+        raise KorchError(f"LinearAttention key {list(ctx.shape(key))}: not {kv_heads} heads of {dk}")
+    qs, ks, vs = steps(query, heads), steps(key, key_heads), steps(value, kv_heads)
+    if kv_heads > heads:  # (ONNX Runtime's inverse grouping: query head h, and key head h when
+        # there are as many, serve the next kv_heads / heads value heads; an output per value head)
+
+        def widened(x: str) -> str:
+            wide = (b, heads, kv_heads // heads, dk)
+            return ctx.reshape(ctx.broadcast_to(ctx.reshape(x, (b, heads, 1, dk)), wide), (b, kv_heads, dk))
+
+        qs = [widened(q) for q in qs]
+        ks = ks if key_heads == kv_heads else [widened(k) for k in ks]
+        heads = kv_heads
     if gating and ctx.shape(decay)[2] not in (kv_heads, kv_heads * dk):
         raise KorchError(
             f"LinearAttention decay {list(ctx.shape(decay))}: a value per head or per key dimension"

@@ -16,14 +16,16 @@ from korch.frontend.rules_attention import (
     allowed_bias,
     attend,
     band_bias,
+    linear_attention,
     merge_heads,
     repeat_heads,
     rotary,
     split_heads,
 )
-from korch.frontend.rules_elementwise import clip_core, gelu_core
+from korch.frontend.rules_elementwise import clip_core, gelu_core, softplus_core
 from korch.frontend.rules_layout import gather_elements_core
-from korch.frontend.rules_linear import conv, gemm, matmul
+from korch.frontend.rules_linear import causal_conv_with_state, conv, gemm, matmul
+from korch.frontend.rules_quant import blockwise, rounded_per_block, unpacked
 from korch.frontend.rules_recurrent import activation
 from korch.frontend.rules_reduce import layer_norm, normalize, rms_core, rms_norm, softmax
 from korch.prims import FLOAT_DTYPES, HALF_DTYPES, Prim
@@ -140,6 +142,65 @@ def fused_matmul(ctx: Lowering, n: OnnxNode) -> list[str]:
     y = matmul(ctx, *operands)
     alpha = n.attr("alpha", 1.0)
     return [y if alpha == 1.0 else ctx.elementwise(Prim.MUL, y, ctx.scalar(alpha, ctx.dtype(y)))]
+
+
+# -------------------------------- linear attention and its convolution (Qwen3.5, LFM2, Mamba)
+
+# ONNX's CausalConvWithState (opset 27), with ONNX Runtime's further attributes: one rule for both
+fission("CausalConvWithState", 1, domain=MS)(causal_conv_with_state)
+
+
+@fission("LinearAttention", 1, domain=MS)
+def ms_linear_attention(ctx: Lowering, n: OnnxNode) -> list[str]:
+    return linear_attention(ctx, n, inverse=True)  # (more key/value heads than query heads too)
+
+
+@fission("LinearAttentionGate", 1, domain=MS)
+def linear_attention_gate(ctx: Lowering, n: OnnxNode) -> list[str | None]:
+    """LinearAttention's gates from their projections: decay = decay_scale * softplus(a + dt_bias)
+    (per head, in float32), beta = sigmoid(b)."""
+    a, dt_bias, decay_scale, b = n.inputs[0], n.inputs[1], n.inputs[2], n.input(3)
+    if n.wants(1) and b is None:
+        raise KorchError("LinearAttentionGate's beta output needs its input b")
+    x, dtype = ctx.widened(a)
+    x = ctx.elementwise(Prim.ADD, x, ctx.cast(dt_bias, "float32"))
+    decay = ctx.elementwise(Prim.MUL, ctx.cast(decay_scale, "float32"), softplus_core(ctx, x))
+    beta = None if b is None else ctx.cast(ctx.unary(Prim.SIGMOID, ctx.cast(b, "float32")), ctx.dtype(b))
+    return [ctx.cast(decay, dtype), beta]
+
+
+@fission("GatedRMSNorm", 1, domain=MS)
+def gated_rms_norm(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """The output norm of Mamba2 and Gated DeltaNet layers: RMSNorm over each run of C elements of
+    x's last axis (C = scale's length: a norm per head of a packed [B, T, H * C]), times scale,
+    times the gate's activation (silu or swish: z * sigmoid(z); sigmoid); in float32."""
+    x, scale, gate = n.inputs[:3]
+    activation, shape, width = n.attr("activation", "silu"), ctx.shape(n.inputs[0]), ctx.shape(scale)[0]
+    if activation not in ("silu", "swish", "sigmoid"):
+        ctx.unsupported(f"GatedRMSNorm activation {activation}")
+    if shape[-1] % width or ctx.shape(gate) != shape:
+        raise KorchError(f"GatedRMSNorm input {list(shape)}, scale [{width}], gate {list(ctx.shape(gate))}")
+    x, dtype = ctx.widened(x)
+    runs = ctx.reshape(x, (*shape[:-1], shape[-1] // width, width))
+    y, _ = rms_core(ctx, runs, ctx.cast(scale, "float32"), len(shape), n.attr("epsilon", 1e-5))
+    z = ctx.cast(gate, "float32")
+    gated = ctx.unary(Prim.SIGMOID, z)
+    if activation != "sigmoid":
+        gated = ctx.elementwise(Prim.MUL, z, gated)
+    return [ctx.cast(ctx.elementwise(Prim.MUL, ctx.reshape(y, shape), gated), dtype)]
+
+
+@fission("GatedAdd", 1, domain=MS)
+def gated_add(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """x + y * gate, gate [..., 1] per row (Qwen3.5-MoE's shared expert added to the routed ones),
+    in x's type as separate Mul and Add would be. (With gate_weight, ONNX Runtime's CUDA kernel
+    projects the gate first: not lowered.)"""
+    x, y, gate = n.inputs[:3]
+    if n.input(3) is not None:
+        ctx.unsupported("GatedAdd with gate_weight (ONNX Runtime runs it on CUDA in bfloat16 only)")
+    if ctx.shape(gate) != (*ctx.shape(x)[:-1], 1):
+        raise KorchError(f"GatedAdd gate {list(ctx.shape(gate))} is not one per row of {list(ctx.shape(x))}")
+    return [ctx.elementwise(Prim.ADD, x, ctx.elementwise(Prim.MUL, y, gate))]
 
 
 # ----------------------------------------------------------------- normalization
@@ -377,6 +438,47 @@ def ms_rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [rotary(ctx, x, cos, sin, heads, dim, n.attr("interleaved", 0))]
 
 
+@fission("MRotaryEmbedding", 1, domain=MS)
+def ms_m_rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """Multimodal RoPE (Qwen2-VL to Qwen3.5): position_ids [3, batch, seq] are three position
+    streams (temporal, height, width) read from the same caches; each of the rotation's dim / 2
+    angles takes its stream's: mrope_layout 0 in contiguous sections of mrope_section's sizes, 1
+    from the temporal stream but every third from offset 1 (for 3 * section[1] angles) the height's
+    and from offset 2 (3 * section[2]) the width's. Then RotaryEmbedding's rotation. (scale: ONNX
+    Runtime's CPU kernel ignores it, as RotaryEmbedding's.)"""
+    x, positions, cos, sin = n.inputs[:4]
+    if n.attr("is_packed_batching", 0):
+        ctx.unsupported("MRotaryEmbedding with is_packed_batching")
+    n.attr("scale", 1.0)
+    sections, layout = list(n.attr("mrope_section")), n.attr("mrope_layout", 0)
+    half = ctx.shape(cos)[-1]
+    if len(sections) != 3 or sum(sections) != half or layout not in (0, 1) or ctx.shape(positions)[0] != 3:
+        raise KorchError(
+            f"MRotaryEmbedding mrope_section {sections} (layout {layout}) for {half} angles and "
+            f"position_ids {list(ctx.shape(positions))}"
+        )
+    angle = np.arange(half)
+    if layout == 0:
+        stream = np.searchsorted(np.cumsum(sections), angle, side="right")
+    else:
+        stream = np.zeros(half, int)
+        for k in (1, 2):
+            stream[(angle % 3 == k) & (angle < 3 * sections[k])] = k
+    streams = [ctx.reshape(ctx.slice_axis(positions, 0, k, 1), ctx.shape(positions)[1:]) for k in range(3)]
+
+    def combined(cache: str) -> str:
+        read = [ctx.emit(Prim.GATHER, cache, p, axis=0) for p in streams]  # each [batch, seq, half]
+        out = read[0]
+        for k in (1, 2):
+            out = ctx.elementwise(Prim.WHERE, ctx.const(stream == k), read[k], out)
+        return out
+
+    heads, dim = n.attr("num_heads", 0), n.attr("rotary_embedding_dim", 0)
+    if ctx.rank(x) == 3 and not heads:
+        raise KorchError("MRotaryEmbedding on a 3-D input needs num_heads")
+    return [rotary(ctx, x, combined(cos), combined(sin), heads, dim, n.attr("interleaved", 0))]
+
+
 @fission("GroupQueryAttention", 1, domain=MS)
 def ms_group_query_attention(ctx: Lowering, n: OnnxNode) -> list[str | None]:
     """Causal attention of `num_heads` query heads over `kv_num_heads` key/value heads with a KV
@@ -566,37 +668,163 @@ def ms_moe(ctx: Lowering, n: OnnxNode) -> list[str]:
     x, router, w1, b1, w2, b2 = (n.input(i) for i in range(6))
     if n.input(6) is not None or n.input(7) is not None or n.attr("use_sparse_mixer", 0):
         ctx.unsupported("MoE with fc3 weights or the sparse mixer (ONNX Runtime's CPU kernel runs neither)")
-    kind, k = n.attr("activation_type", "relu"), n.attr("k", 1)
-    fusion = n.attr("swiglu_fusion", 0)
-    alpha, beta, limit = (
-        n.attr("activation_alpha", 1.0),
-        n.attr("activation_beta", 0.0),
-        n.attr("swiglu_limit", None),
+    k = n.attr("k", 1)
+    _check_rows(ctx, n, x, router, k)
+    chosen = _chosen(ctx, router, k)
+    if n.attr("normalize_routing_weights", 0):
+        hidden = ctx.elementwise(Prim.WHERE, chosen, router, ctx.scalar(-np.inf, ctx.dtype(router)))
+        weights = softmax(ctx, hidden, 1, log=False)
+    else:
+        weights = softmax(ctx, router, 1, log=False)
+        weights = ctx.elementwise(Prim.WHERE, chosen, weights, ctx.scalar(0, ctx.dtype(router)))
+    return [_experts(ctx, n, x, weights, w1, b1, w2, b2)]
+
+
+@fission("QMoE", 1, domain=MS)
+def ms_qmoe(ctx: Lowering, n: OnnxNode) -> list[str]:
+    """MoE with 2-, 4- or 8-bit expert weights (quant_type int; the model builder's int4 CPU
+    build of Qwen3-MoE, LFM2-MoE, gpt-oss), as ONNX Runtime's CPU kernel computes it: fc1 and fc2
+    [experts, out, in * bits / 8] uint8 as MatMulNBits packs a weight, scaled per output row
+    (fc*_scales [experts, out]) or per block of block_size along `in` ([experts, out, blocks]),
+    zero points packed likewise (per row: along `out`) or 2^(bits-1). Routing: the k largest
+    router_probs (the higher index first among equals), weighted by the softmax over those k
+    whatever normalize_routing_weights says (the CPU kernel's own rule); or, given router_weights,
+    by those at the k chosen, divided by their sum with normalize_routing_weights; a weight of at
+    most 1e-8 drops its expert. Blocked 8-bit weights, and blocked 4-bit ones at accuracy_level
+    4, multiply activations rounded to 8 bits per block, as MatMulNBits. Computed in float32 (a
+    float16 model's values are widened, as ONNX Runtime does), densely as MoE; the packed weights
+    stay packed (ctx.keep_packed). Not lowered: fc3 (ONNX Runtime's CPU kernel refuses it),
+    fp4/fp8 weights, prepacked layouts, the sparse mixer."""
+    x, router, w1, s1, b1, w2, s2, b2 = (n.input(i) for i in range(8))
+    if any(n.input(i) is not None for i in (8, 9, 10, 13)) or any(
+        n.input(i) is not None for i in range(15, len(n.inputs))
+    ):
+        ctx.unsupported("QMoE with fc3, global or activation scales")
+    kind = n.attr("quant_type", "int")
+    if kind != "int" or n.attr("weights_prepacked", -1) == 1 or n.attr("use_sparse_mixer", 0):
+        ctx.unsupported(f"QMoE quant_type {kind}, prepacked weights or the sparse mixer")
+    if s1 is None or s2 is None:
+        raise KorchError("QMoE of integer weights needs fc1_scales and fc2_scales")
+    k, block = n.attr("k", 1), n.attr("block_size", 0) or 0
+    normalize, accuracy = n.attr("normalize_routing_weights", 0), n.attr("accuracy_level", 0)
+    bits = n.attr("expert_weight_bits", 4)
+    widths = {bits} | {n.attr(f"fc{i}_expert_weight_bits", None) or bits for i in (1, 2)}
+    if len(widths) > 1:
+        ctx.unsupported(f"QMoE of mixed widths {sorted(widths)} (ONNX Runtime's CPU kernel runs none)")
+    if bits not in (2, 4, 8) or block and (block < 16 or block & (block - 1)):
+        ctx.unsupported(f"QMoE of {bits} bits in blocks of {block}")
+    _check_rows(ctx, n, x, router, k)
+    rows, dtype = ctx.widened(x)
+    hidden = ctx.shape(x)[-1]
+    experts = ctx.shape(router)[1]
+    q1, q2 = (
+        _expert_weights(ctx, w, s, n.input(11 + i), bits, block, inner)
+        for i, (w, s, inner) in enumerate(((w1, s1, hidden), (w2, s2, ctx.shape(w1)[1] // _fused(n))))
     )
-    if kind not in ("relu", "gelu", "silu", "identity", "swiglu") or (kind == "swiglu") != (fusion == 1):
-        ctx.unsupported(f"MoE activation {kind} with swiglu_fusion {fusion}")
-    dtype, shape = ctx.dtype(x), ctx.shape(x)
+    if ctx.shape(q2)[1] != hidden or ctx.shape(q1)[0] != experts:
+        raise KorchError(
+            f"QMoE weights {list(ctx.shape(w1))} and {list(ctx.shape(w2))} do not fit {hidden} wide"
+        )
+    probs = ctx.cast(router, "float32")
+    chosen = _chosen(ctx, probs, k)
+    given = n.input(14)
+    if given is None:
+        weights = softmax(
+            ctx, ctx.elementwise(Prim.WHERE, chosen, probs, ctx.scalar(-np.inf, "float32")), 1, log=False
+        )
+    else:
+        weights = ctx.elementwise(Prim.WHERE, chosen, ctx.cast(given, "float32"), ctx.scalar(0, "float32"))
+        if normalize:
+            total = ctx.reduce(Prim.REDUCE_SUM, weights, [1])
+            zero = ctx.elementwise(Prim.EQ, total, ctx.scalar(0, "float32"))
+            inverse = ctx.elementwise(Prim.DIV, ctx.scalar(1, "float32"), total)
+            inverse = ctx.elementwise(Prim.WHERE, zero, ctx.scalar(0, "float32"), inverse)
+            weights = ctx.elementwise(Prim.MUL, weights, inverse)
+    kept = ctx.elementwise(Prim.GT, weights, ctx.scalar(1e-8, "float32"))
+    weights = ctx.elementwise(Prim.WHERE, kept, weights, ctx.scalar(0, "float32"))
+    # ONNX Runtime's int8 kernels: blocked 8-bit weights always, 4-bit ones at accuracy_level 4
+    rounded = block if block and (bits == 8 or bits == 4 and accuracy == 4) else 0
+    biases = [None if b is None else ctx.cast(b, "float32") for b in (b1, b2)]
+    y = _experts(ctx, n, rows, weights, q1, biases[0], q2, biases[1], rounded)
+    return [ctx.cast(y, dtype)]
+
+
+def _fused(n: OnnxNode) -> int:
+    """How many of fc1's rows each inner column has: 2 for swiglu's gate and linear, else 1."""
+    return 2 if n.attr("activation_type", "relu") == "swiglu" else 1
+
+
+def _expert_weights(
+    ctx: Lowering, w: str, scales: str, zeros: str | None, bits: int, block: int, k: int
+) -> str:
+    """QMoE's fc weight [experts, out, k] in float32 from its packed uint8 [experts, out, k * bits /
+    8], scales [experts, out] or [experts, out, k / block], packed zero points or none."""
+    experts, out, cols = ctx.shape(w)
+    blocks = k // block if block else 1
+    if cols * 8 // bits != k or (block and k % block) or ctx.type(scales).numel != experts * out * blocks:
+        raise KorchError(
+            f"QMoE weight uint8{list(ctx.shape(w))} and scales {list(ctx.shape(scales))} do not fit "
+            f"{k} inputs of {bits} bits in blocks of {block or k}"
+        )
+    q = unpacked(ctx, ctx.reshape(ctx.keep_packed(w), (experts * out, cols)), bits)
+    scales = ctx.cast(ctx.reshape(scales, (experts * out, blocks)), "float32")
+    if zeros is not None and not block:  # per row: packed along `out`
+        zeros = ctx.slice_axis(
+            unpacked(ctx, ctx.reshape(zeros, (experts, ctx.type(zeros).numel // experts)), bits), 1, 0, out
+        )
+        zeros = ctx.reshape(zeros, (experts * out, 1))
+    elif zeros is not None:
+        zeros = ctx.reshape(zeros, (experts * out, ctx.type(zeros).numel // (experts * out)))
+    return ctx.reshape(blockwise(ctx, q, scales, zeros, bits, block or k), (experts, out, k))
+
+
+def _check_rows(ctx: Lowering, n: OnnxNode, x: str, router: str, k: int) -> None:
     tokens, experts = ctx.shape(router)
+    if (
+        ctx.dtype(x) not in FLOAT_DTYPES
+        or ctx.type(x).numel != tokens * ctx.shape(x)[-1]
+        or not 1 <= k <= experts
+    ):
+        raise KorchError(
+            f"{n.op_type} input {list(ctx.shape(x))} and router_probs {[tokens, experts]} (k {k}) do not fit"
+        )
+
+
+def _experts(
+    ctx: Lowering, n: OnnxNode, x: str, weights: str, w1: str, b1, w2: str, b2, rounded: int = 0
+) -> str:
+    """sum over experts of weights[token, e] * (fc2(activation(fc1(x) + b1)) + b2), weights
+    [experts, out, in], every expert on every token; with `rounded`, each matmul's activations
+    rounded to 8 bits per block of that many inputs."""
+    kind, fusion = n.attr("activation_type", "relu"), n.attr("swiglu_fusion", 0)
+    if kind not in ("relu", "gelu", "silu", "identity", "swiglu") or (kind == "swiglu") != (fusion == 1):
+        ctx.unsupported(f"{n.op_type} activation {kind} with swiglu_fusion {fusion}")
+    if n.attr("swiglu_limit_after_activation", 0):
+        ctx.unsupported("swiglu_limit_after_activation (CUDA only)")
+    shape, experts, tokens = ctx.shape(x), ctx.shape(w1)[0], ctx.shape(weights)[0]
     hidden = shape[-1]
-    if dtype not in FLOAT_DTYPES or ctx.type(x).numel != tokens * hidden or not 1 <= k <= experts:
-        raise KorchError(f"MoE input {list(shape)} and router_probs {[tokens, experts]} (k {k}) do not fit")
     rows = ctx.reshape(x, (1, tokens, hidden))
+    if rounded:
+        rows = rounded_per_block(ctx, rows, rounded)
     h = matmul(ctx, rows, ctx.transpose(w1, (0, 2, 1)))  # [experts, tokens, width]
     if b1 is not None:
         h = ctx.elementwise(Prim.ADD, h, ctx.reshape(b1, (experts, 1, ctx.shape(b1)[-1])))
-    h = _expert_activation(ctx, h, kind, alpha, beta, limit)
+    limit = n.attr("swiglu_limit", None)
+    h = _expert_activation(
+        ctx, h, kind, n.attr("activation_alpha", 1.0), n.attr("activation_beta", 0.0), limit
+    )
+    if rounded:
+        h = rounded_per_block(ctx, h, rounded)
     y = matmul(ctx, h, ctx.transpose(w2, (0, 2, 1)))  # [experts, tokens, hidden]
     if b2 is not None:
         y = ctx.elementwise(Prim.ADD, y, ctx.reshape(b2, (experts, 1, hidden)))
-    weights = _routing(ctx, router, k, n.attr("normalize_routing_weights", 0))
     mixed = ctx.elementwise(Prim.MUL, y, ctx.reshape(ctx.transpose(weights, (1, 0)), (experts, tokens, 1)))
-    return [ctx.reshape(ctx.reduce(Prim.REDUCE_SUM, mixed, [0], keepdims=False), shape)]
+    return ctx.reshape(ctx.reduce(Prim.REDUCE_SUM, mixed, [0], keepdims=False), shape)
 
 
-def _routing(ctx: Lowering, router: str, k: int, normalize: int) -> str:
-    """[tokens, experts]: each token's weight for each expert, 0 outside its k largest scores
-    (an expert is chosen when fewer than k others score higher, or as high at a higher index:
-    ONNX Runtime's order among equals)."""
+def _chosen(ctx: Lowering, router: str, k: int) -> str:
+    """[tokens, experts] bool: each token's k largest scores (an expert is chosen when fewer than
+    k others score higher, or as high at a higher index: ONNX Runtime's order among equals)."""
     tokens, experts = ctx.shape(router)
     other = ctx.reshape(router, (tokens, 1, experts))
     this = ctx.reshape(router, (tokens, experts, 1))
@@ -607,12 +835,7 @@ def _routing(ctx: Lowering, router: str, k: int, normalize: int) -> str:
         ctx.elementwise(Prim.AND, ctx.elementwise(Prim.EQ, other, this), later),
     )
     rank = ctx.reduce(Prim.REDUCE_SUM, ctx.cast(ahead, "int64"), [2], keepdims=False)
-    chosen = ctx.elementwise(Prim.LT, rank, ctx.scalar(k, "int64"))
-    if normalize:
-        hidden = ctx.elementwise(Prim.WHERE, chosen, router, ctx.scalar(-np.inf, ctx.dtype(router)))
-        return softmax(ctx, hidden, 1, log=False)
-    probs = softmax(ctx, router, 1, log=False)
-    return ctx.elementwise(Prim.WHERE, chosen, probs, ctx.scalar(0, ctx.dtype(router)))
+    return ctx.elementwise(Prim.LT, rank, ctx.scalar(k, "int64"))
 
 
 def _expert_activation(ctx: Lowering, h: str, kind: str, alpha: float, beta: float, limit) -> str:

@@ -145,24 +145,56 @@ def conv_transpose(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 @fission("CausalConvWithState", 27)
 def causal_conv_with_state(ctx: Lowering, n: OnnxNode) -> list[str]:
-    """A depthwise convolution over time that sees only the past: the input [B, C, L] after the
-    past state [B, C, k - 1] (zeros if none), an optional bias and SiLU; the present state is the
-    last k - 1 steps of that concatenation (a decode step's cache)."""
-    x, w = n.inputs[:2]
-    bias, past = n.input(2), n.input(3)
-    batch, channels, length = ctx.shape(x)
-    k = ctx.shape(w)[2]
-    activation = n.attr("activation", "none")
-    if activation not in ("none", "silu", "swish"):
-        ctx.unsupported(f"CausalConvWithState activation {activation}")
+    """(ONNX's, opset 27; ONNX Runtime's com.microsoft one adds dilation and channels_last.)
+    The short convolution of LFM2, Mamba and Gated DeltaNet layers: each channel of x [batch,
+    channels, length] convolved with its own k taps (weight [channels, 1, k], bias [channels]),
+    causally: over past_state [batch, channels, (k - 1) * dilation] (zeros when absent) followed
+    by x. Outputs y (x's shape; activation silu or swish: y * sigmoid(y)) and present_state, the
+    last (k - 1) * dilation positions of that sequence. channels_last: x [batch, length, d1, ...]
+    and the states [batch, state, d1, ...], channels = d1 * ... Lowered: ndim 1 without a
+    state_window, as ONNX Runtime's CPU kernel runs it (float16 in float32)."""
+    x, w, bias, past = n.inputs[0], n.inputs[1], n.input(2), n.input(3)
+    last, activation = n.attr("channels_last", 0), n.attr("activation", "none")
+    if n.attr("ndim", 1) != 1 or n.attr("state_window", 0) or activation not in ("none", "silu", "swish"):
+        ctx.unsupported(f"ndim {n.attr('ndim', 1)}, a state_window or activation {activation}")
+    dilation, taps = n.attr("dilation", 1), ctx.shape(w)[-1]
+    x, dtype = ctx.widened(x)
+    shape, channels = ctx.shape(x), ctx.shape(w)[0]
+    if len(shape) < 3 or len(shape) > 3 and not last:
+        raise KorchError(f"CausalConvWithState input {list(shape)}: [batch, channels, length] expected")
+    if last:  # [batch, length, d1, ...] -> [batch, channels, length]
+        x = ctx.transpose(ctx.reshape(x, (shape[0], shape[1], channels)), (0, 2, 1))
+    batch, _, length = ctx.shape(x)
+    state = (taps - 1) * dilation
+    if ctx.shape(w) != (channels, 1, taps) or ctx.shape(x)[1] != channels:
+        raise KorchError(f"CausalConvWithState weight {list(ctx.shape(w))} does not fit input {list(shape)}")
     if past is None:
-        past = ctx.const(np.zeros((batch, channels, k - 1), ctx.dtype(x)))
-    padded = ctx.concat([past, x], 2) if k > 1 else x
-    y = ctx.emit(Prim.CONV, padded, w, strides=[1], pads=[0, 0], dilations=[1], group=channels)
-    y = add_bias(ctx, y, bias)
+        past = ctx.const(np.zeros((batch, channels, state), "float32"))
+    else:
+        past = ctx.cast(past, "float32")
+        if last:
+            past = ctx.transpose(ctx.reshape(past, (batch, state, channels)), (0, 2, 1))
+    if ctx.shape(past) != (batch, channels, state):
+        raise KorchError(f"CausalConvWithState past_state does not fit {[batch, channels, state]}")
+    whole = ctx.concat([past, x], 2) if state else x
+    y = ctx.emit(
+        Prim.CONV,
+        whole,
+        ctx.cast(w, "float32"),
+        strides=(1,),
+        pads=(0, 0),
+        dilations=(dilation,),
+        group=channels,
+    )
+    if bias is not None:
+        y = ctx.elementwise(Prim.ADD, y, ctx.reshape(ctx.cast(bias, "float32"), (channels, 1)))
     if activation != "none":
         y = ctx.elementwise(Prim.MUL, y, ctx.unary(Prim.SIGMOID, y))
-    return [y, ctx.slice_axis(padded, 2, length, k - 1)]
+    present = ctx.slice_axis(whole, 2, length, state)
+    if last:
+        y = ctx.reshape(ctx.transpose(y, (0, 2, 1)), shape)
+        present = ctx.reshape(ctx.transpose(present, (0, 2, 1)), (batch, state, *shape[2:]))
+    return [ctx.cast(y, dtype), ctx.cast(present, dtype)]
 
 
 @fission("Col2Im", 18)

@@ -456,31 +456,31 @@ def matmul_nbits(ctx: Lowering, n: OnnxNode) -> list[str]:
             f"K={k}, N={rows}, {bits} bits in blocks of {block}"
         )
     x, dtype = ctx.widened(a)
-    q = _unpacked(ctx, ctx.reshape(ctx.keep_packed(b), (rows, blocks * block // per)), bits)
+    q = unpacked(ctx, ctx.reshape(ctx.keep_packed(b), (rows, blocks * block // per)), bits)
     floats = zero is not None and ctx.dtype(zero) != "uint8"
     if zero is not None:
         zero = ctx.reshape(zero, (rows, blocks if floats else ctx.type(zero).numel // rows))
-    w = _blockwise(ctx, ctx.slice_axis(q, 1, 0, k), ctx.reshape(scales, (rows, blocks)), zero, bits, block)
+    w = blockwise(ctx, ctx.slice_axis(q, 1, 0, k), ctx.reshape(scales, (rows, blocks)), zero, bits, block)
     if n.attr("accuracy_level", 0) == 4 and not floats:
-        x = _rounded_per_block(ctx, x, block)
+        x = rounded_per_block(ctx, x, block)
     y = matmul(ctx, x, ctx.transpose(w, (1, 0)))
     if bias is not None:
         y = ctx.elementwise(Prim.ADD, y, ctx.cast(bias, "float32"))
     return [ctx.cast(y, dtype)]
 
 
-def _blockwise(ctx: Lowering, q: str, scales: str, zeros: str | None, bits: int, block: int) -> str:
+def blockwise(ctx: Lowering, q: str, scales: str, zeros: str | None, bits: int, block: int) -> str:
     """(q - zero point) * scale in float32: q [R, K] `bits`-bit values as floats, scales [R, blocks]
     each over `block` of K; zero points none (2^(bits-1)), packed uint8 [R, bytes] or floats
     [R, blocks]."""
     if zeros is None:
         q = ctx.elementwise(Prim.SUB, q, ctx.scalar(2.0 ** (bits - 1), "float32"))
     elif ctx.dtype(zeros) == "uint8":
-        zeros = ctx.slice_axis(_unpacked(ctx, zeros, bits), 1, 0, ctx.shape(scales)[1])
+        zeros = ctx.slice_axis(unpacked(ctx, zeros, bits), 1, 0, ctx.shape(scales)[1])
     return dequantize(ctx, q, scales, zeros, axis=1, block=block)
 
 
-def _unpacked(ctx: Lowering, packed: str, bits: int) -> str:
+def unpacked(ctx: Lowering, packed: str, bits: int) -> str:
     """uint8 [R, C] holding 8 / bits values per byte, low bits first, as float32 [R, C * 8 / bits]
     (in float32, where every step on 0..255 is exact: x mod 2^bits = x - 2^bits floor(x / 2^bits))."""
     rows, cols = ctx.shape(packed)
@@ -496,7 +496,7 @@ def _unpacked(ctx: Lowering, packed: str, bits: int) -> str:
     return ctx.reshape(ctx.concat(parts, 2), (rows, cols * len(parts)))
 
 
-def _rounded_per_block(ctx: Lowering, x: str, block: int) -> str:
+def rounded_per_block(ctx: Lowering, x: str, block: int) -> str:
     """x as ONNX Runtime's 8-bit path sees it: per block of `block` along the last axis, rounded
     (half to even) to a multiple of max|x| / 127 (an all-zero block stays 0)."""
     shape = ctx.shape(x)
@@ -566,6 +566,6 @@ def gather_block_quantized(ctx: Lowering, n: OnnxNode) -> list[str]:
         return ctx.emit(Prim.GATHER, table, i, axis=0)
 
     zeros = None if zero is None else rows_of(ctx.reshape(zero, (rows, ctx.type(zero).numel // rows)))
-    y = _blockwise(ctx, _unpacked(ctx, rows_of(data), bits), rows_of(scales), zeros, bits, block)
+    y = blockwise(ctx, unpacked(ctx, rows_of(data), bits), rows_of(scales), zeros, bits, block)
     y = ctx.elementwise(Prim.WHERE, ctx.reshape(inside, (picked, 1)), y, ctx.scalar(0.0, "float32"))
     return [ctx.cast(ctx.reshape(y, (*shape, k)), ctx.dtype(scales))]
