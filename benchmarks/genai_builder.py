@@ -40,16 +40,20 @@ from quantized_zoo import measure
 import korch
 
 SIZES = {"tiny": dict(LM, num_key_value_heads=2), "base": BASE}  # (hf_sweep's, hf_decoder_bench's)
+# (8 of each head's features rotated; a vision tower that the builder leaves out)
+VL = dict(
+    mrope_section=[2, 1, 1],
+    vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64),
+)
 QWEN35 = dict(
     TOKENS,
+    **VL,
     layer_types=["linear_attention", "full_attention"],
     linear_num_key_heads=2,
     linear_num_value_heads=4,
     linear_key_head_dim=16,
     linear_value_head_dim=16,
     linear_conv_kernel_dim=4,
-    mrope_section=[2, 1, 1],  # (rope_parameters: 8 of each head's features rotated)
-    vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64),
 )
 # name -> (transformers model class, its config class, settings beyond the size's; layer_types
 # repeat to the size's depth; with vision_config, the rest is the text_config)
@@ -83,6 +87,15 @@ MODELS = {
             moe_intermediate_size=64,
         ),
     ),
+    "ernie4.5": ("Ernie4_5ForCausalLM", "Ernie4_5Config", TOKENS),
+    "hunyuan": ("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", TOKENS),
+    # (the builder's GroupQueryAttention needs whole rotations here: a partial one's tables are 4 wide)
+    "nemotron": ("NemotronForCausalLM", "NemotronConfig", dict(TOKENS, partial_rotary_factor=1.0)),
+    "phi": ("PhiForCausalLM", "PhiConfig", dict(TOKENS, partial_rotary_factor=1.0)),
+    # the text models of vision-language checkpoints: multimodal rotary positions (MRotaryEmbedding,
+    # position_ids [3, batch, seq]), in sections (Qwen2.5-VL) or interleaved (Qwen3-VL)
+    "qwen2.5-vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig", dict(TOKENS, **VL)),
+    "qwen3-vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig", dict(TOKENS, **VL)),
     # Gated DeltaNet layers (LinearAttention, its gates and norm, CausalConvWithState; the states
     # inputs) between attention layers with multimodal rotary positions (MRotaryEmbedding;
     # position_ids [3, batch, seq]); the text model of a vision-language checkpoint
@@ -119,7 +132,6 @@ def save_checkpoint(name: str, size: str, out: Path) -> None:
         text["rope_parameters"] = dict(
             rope_type="default", rope_theta=10000.0, partial_rotary_factor=rotated, mrope_section=sections
         )
-        text["rope_parameters"]["mrope_interleaved"] = True
     vision = extra.pop("vision_config", None)
     text.update(extra)
     config_type = getattr(transformers, config_class)

@@ -36,6 +36,24 @@ def rand(*shape, dtype="float32", seed=0, low=None, high=None):
     return x.astype(dtype)
 
 
+def linear_attention_case(rule, heads, kv_heads, past, key_heads=None, per_head_decay=False):
+    """A LinearAttention node's inputs (5 steps, d_k 4, d_v 3, a batch of 2) and attributes: the key
+    with kv_heads (or key_heads) heads, a past state when `past`, decays per key dimension (or
+    per head) for the gated rules, betas per head for the delta rules."""
+    rng = np.random.default_rng(0)
+    b, t, dk, dv = 2, 5, 4, 3
+    inputs = [
+        rand(b, t, heads * dk),
+        rand(b, t, (key_heads or kv_heads) * dk, seed=1) * 0.5,
+        rand(b, t, kv_heads * dv, seed=2),
+        rand(b, kv_heads, dk, dv, seed=3) if past else None,
+    ]
+    decay = -rng.uniform(0.05, 1, (b, t, kv_heads * (1 if per_head_decay else dk))).astype("float32")
+    inputs.append(decay if "gated" in rule else None)
+    inputs.append(rng.uniform(0, 1, (b, t, kv_heads)).astype("float32") if "delta" in rule else None)
+    return inputs, {"update_rule": rule, "q_num_heads": heads, "kv_num_heads": kv_heads}
+
+
 def one_node_model(op_type, inputs, attrs=None, opset=17, n_outputs=1, out_dtypes=None, domain=""):
     names, graph_inputs, inits, feeds = [], [], [], {}
     for i, value in enumerate(inputs):

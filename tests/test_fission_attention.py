@@ -3,7 +3,7 @@ split into primitives, against ONNX Runtime's own Attention kernel."""
 
 import numpy as np
 import pytest
-from helpers import Const, check_op, one_node_model, rand
+from helpers import Const, check_op, linear_attention_case, one_node_model, rand
 
 import korch
 from korch import check
@@ -105,18 +105,17 @@ def test_sliding_window_attention():
 def test_linear_attention_against_onnxruntime(rule, heads, kv_heads, past):
     """Opset 27's LinearAttention unrolled over 5 steps: each update rule, grouped key/value heads,
     a past state; decays per key dimension, betas per head."""
-    rng = np.random.default_rng(0)
-    b, t, dk, dv = 2, 5, 4, 3
-    inputs = [
-        rand(b, t, heads * dk),
-        rand(b, t, kv_heads * dk, seed=1) * 0.5,
-        rand(b, t, kv_heads * dv, seed=2),
-    ]
-    inputs.append(rand(b, kv_heads, dk, dv, seed=3) if past else None)
-    inputs.append(-rng.uniform(0.05, 1, (b, t, kv_heads * dk)).astype("float32") if "gated" in rule else None)
-    inputs.append(rng.uniform(0, 1, (b, t, kv_heads)).astype("float32") if "delta" in rule else None)
-    attrs = {"update_rule": rule, "q_num_heads": heads, "kv_num_heads": kv_heads}
+    inputs, attrs = linear_attention_case(rule, heads, kv_heads, past)
     check_op("LinearAttention", inputs, attrs, opset=27, n_outputs=2)
+
+
+def test_linear_attention_of_onnx_needs_whole_groups_of_query_heads():
+    """More key/value heads than query heads is ONNX Runtime's own operator's (com.microsoft,
+    tests/test_fission_contrib.py); ONNX's refuses it, as ONNX Runtime does."""
+    inputs, attrs = linear_attention_case("linear", 2, 4, False)
+    model, _ = one_node_model("LinearAttention", inputs, attrs, 27, 2)
+    with pytest.raises(korch.KorchError, match="heads 2/4"):
+        korch.fission(model)
 
 
 @pytest.mark.parametrize("past,activation", [(False, "none"), (True, "silu")])

@@ -5,7 +5,15 @@ save them (every operator lowered, outputs as ONNX Runtime's)."""
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import Const, check_contrib_op, check_model, one_node_model, onnx_model, rand
+from helpers import (
+    Const,
+    check_contrib_op,
+    check_model,
+    linear_attention_case,
+    one_node_model,
+    onnx_model,
+    rand,
+)
 
 import korch
 from korch import check, reference
@@ -657,19 +665,8 @@ def test_linear_attention(rule, heads, kv_heads, key_heads):
     key/value heads than query heads (Qwen3.5's 2 and 4) each query head serves a run of them and
     the output has one head per key/value head; the key may then have the query's heads (Qwen3.5's
     2 key heads for 4 value heads), grouped as the query's."""
-    rng = np.random.default_rng(0)
-    b, t, dk, dv = 2, 5, 4, 3
-    inputs = [
-        rand(b, t, heads * dk),
-        rand(b, t, key_heads * dk, seed=1) * 0.5,
-        rand(b, t, kv_heads * dv, seed=2),
-        rand(b, kv_heads, dk, dv, seed=3) if rule != "linear" else None,
-    ]
-    per_head = rule == "gated_delta"  # (a decay per head; per key dimension for "gated")
-    decay = -rng.uniform(0.05, 1, (b, t, kv_heads * (1 if per_head else dk))).astype("float32")
-    inputs.append(decay if "gated" in rule else None)
-    inputs.append(rng.uniform(0, 1, (b, t, kv_heads)).astype("float32") if "delta" in rule else None)
-    attrs = {"update_rule": rule, "q_num_heads": heads, "kv_num_heads": kv_heads}
+    per_head = rule == "gated_delta"  # (Qwen3.5's: a decay per head)
+    inputs, attrs = linear_attention_case(rule, heads, kv_heads, rule != "linear", key_heads, per_head)
     check_contrib_op("LinearAttention", inputs, attrs, n_outputs=2, tol=1e-5)
 
 
