@@ -10,7 +10,9 @@ and built by the model builder.
 Each model is optimized twice, as generation runs it: the prompt (batch 1, --tokens tokens, an
 empty cache) and one decode step (one token after --tokens - 1 cached). The attention mask is
 pinned to ones (`values={"attention_mask": 1}`: one unpadded sequence, so every cache length is
-known at compile time). Per step, as quantized_zoo.py: primitives, opaque operators, the primitive
+known at compile time); multimodal position_ids [3, batch, seq] are pinned too, and a
+convolution's or linear attention's state (past.N.conv, past.N.recurrent) is a random input of
+its fixed size. Per step, as quantized_zoo.py: primitives, opaque operators, the primitive
 graph's error against ONNX Runtime, the plan's kernels and backends, `plan.verify()`, medians of
 korch and ONNX Runtime (`korch.bench.bench`, interleaved) and their ratio.
 
