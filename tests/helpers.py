@@ -36,12 +36,12 @@ def rand(*shape, dtype="float32", seed=0, low=None, high=None):
     return x.astype(dtype)
 
 
-def linear_attention_case(rule, heads, kv_heads, past, key_heads=None, per_head_decay=False):
-    """A LinearAttention node's inputs (5 steps, d_k 4, d_v 3, a batch of 2) and attributes: the key
-    with kv_heads (or key_heads) heads, a past state when `past`, decays per key dimension (or
-    per head) for the gated rules, betas per head for the delta rules."""
+def linear_attention_case(rule, heads, kv_heads, past, key_heads=None, per_head_decay=False, steps=5):
+    """A LinearAttention node's inputs (`steps` steps, d_k 4, d_v 3, a batch of 2) and attributes:
+    the key with kv_heads (or key_heads) heads, a past state when `past`, decays per key dimension
+    (or per head) for the gated rules, betas per head for the delta rules."""
     rng = np.random.default_rng(0)
-    b, t, dk, dv = 2, 5, 4, 3
+    b, t, dk, dv = 2, steps, 4, 3
     inputs = [
         rand(b, t, heads * dk),
         rand(b, t, (key_heads or kv_heads) * dk, seed=1) * 0.5,

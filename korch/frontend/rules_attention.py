@@ -262,7 +262,8 @@ def rotary(ctx: Lowering, x: str, cos: str, sin: str, heads: int, dim: int, inte
 @fission("LinearAttention", 27)
 def linear_attention(ctx: Lowering, n: OnnxNode, inverse: bool = False) -> list[str]:
     """Attention with a recurrent state S [B, H_kv, d_k, d_v] instead of a softmax, unrolled over
-    the (static) sequence: per step S decays by exp(decay) (gated rules), the value is corrected by
+    the (static) sequence (from CHUNKED_FROM steps with decays per head, in chunks:
+    _chunked_linear_attention): per step S decays by exp(decay) (gated rules), the value is corrected by
     what S already recalls for the key, times beta (delta rules), S gains key (x) value, and the
     query reads scale * q S (each key/value head serving q_num_heads / kv_num_heads query heads,
     or, with more key/value heads where `inverse` allows it, as ONNX Runtime's own operator, each
@@ -292,6 +293,17 @@ def linear_attention(ctx: Lowering, n: OnnxNode, inverse: bool = False) -> list[
     key_heads = ctx.shape(key)[2] // dk  # kv_heads; in the inverse grouping heads too
     if key_heads not in (kv_heads, heads if kv_heads > heads else kv_heads):
         raise KorchError(f"LinearAttention key {list(ctx.shape(key))}: not {kv_heads} heads of {dk}")
+    if gating and ctx.shape(decay)[2] not in (kv_heads, kv_heads * dk):
+        raise KorchError(
+            f"LinearAttention decay {list(ctx.shape(decay))}: a value per head or per key dimension"
+        )
+    if delta and ctx.shape(beta)[2] not in (kv_heads, 1):
+        raise KorchError(f"LinearAttention beta {list(ctx.shape(beta))}: a value per head or one")
+    present_dtype = ctx.dtype(past) if past is not None else ctx.dtype(query)
+    if t >= CHUNKED_FROM and (not gating or ctx.shape(decay)[2] == kv_heads):
+        heads_of = {"q": heads, "k": key_heads, "v": kv_heads}
+        y, state = _chunked_linear_attention(ctx, (query, key, value), heads_of, past, decay, beta, scale)
+        return [ctx.cast(y, ctx.dtype(query)), ctx.cast(state, present_dtype)]
     qs, ks, vs = steps(query, heads), steps(key, key_heads), steps(value, kv_heads)
     if kv_heads > heads:  # (ONNX Runtime's inverse grouping: query head h, and key head h when
         # there are as many, serve the next kv_heads / heads value heads; an output per value head)
@@ -303,12 +315,6 @@ def linear_attention(ctx: Lowering, n: OnnxNode, inverse: bool = False) -> list[
         qs = [widened(q) for q in qs]
         ks = ks if key_heads == kv_heads else [widened(k) for k in ks]
         heads = kv_heads
-    if gating and ctx.shape(decay)[2] not in (kv_heads, kv_heads * dk):
-        raise KorchError(
-            f"LinearAttention decay {list(ctx.shape(decay))}: a value per head or per key dimension"
-        )
-    if delta and ctx.shape(beta)[2] not in (kv_heads, 1):
-        raise KorchError(f"LinearAttention beta {list(ctx.shape(beta))}: a value per head or one")
     decays = steps(decay, kv_heads) if gating else None
     betas = steps(beta, ctx.shape(beta)[2]) if delta else None
     shape = (b, kv_heads, dk, dv)
@@ -338,5 +344,121 @@ def linear_attention(ctx: Lowering, n: OnnxNode, inverse: bool = False) -> list[
         outs.append(ctx.elementwise(Prim.MUL, o, ctx.scalar(scale, "float32")))
     y = ctx.concat(outs, 2) if t > 1 else outs[0]  # [B, H, T, d_v]
     y = ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, t, heads * dv))
-    present_dtype = ctx.dtype(past) if past is not None else ctx.dtype(query)
     return [ctx.cast(y, ctx.dtype(query)), ctx.cast(state, present_dtype)]
+
+
+CHUNKED_FROM = 16  # (steps from which linear_attention runs in chunks, with per-head decays)
+
+
+def _chunked_linear_attention(
+    ctx: Lowering, qkv: tuple[str, str, str], heads_of: dict, past, decay, beta, scale: float
+) -> tuple[str, str]:
+    """linear_attention's recurrence over T steps in chunks of about sqrt(T) (the chunked form of
+    DeltaNet and Gated DeltaNet, Yang et al. 2024: far fewer primitives than a step each, and
+    matmuls). With g the cumulative log-decay within a chunk, position i sees j <= i through
+    seen_ij = exp(g_i - g_j); the delta rule's corrected values u solve (I + A) u = beta (v -
+    exp(g) k S0), A_ij = beta_i seen_ij k_i.k_j (j < i), by forward substitution (a step per
+    position, every chunk at once), as P - R S0 with S0 the state the chunk starts from (without
+    the delta rule u = v); then chunk by chunk o = scale (exp(g) q S0 + (seen * q k^T) u) and
+    S = exp(g_last) S0 + (exp(g_last - g) k)^T u. Heads are spread to the larger
+    of the query's and the values' counts (each key/value head's state computed once per query head
+    it serves, or each query head read by each value head it serves). Decays per head only. The
+    outputs [B, T, H * d_v] and the last state [B, H_kv, d_k, d_v], in float32."""
+    query, key, value = qkv
+    b, t, _ = ctx.shape(query)
+    h, kv_heads = max(heads_of["q"], heads_of["v"]), heads_of["v"]
+
+    def full(x: str, count: int) -> str:
+        """x [B, T, count * w] as [B, h, T, w] in float32, each of its heads repeated for its run."""
+        w = ctx.shape(x)[2] // count
+        x = ctx.transpose(ctx.reshape(ctx.cast(x, "float32"), (b, t, count, w)), (0, 2, 1, 3))
+        wide = ctx.broadcast_to(ctx.reshape(x, (b, count, 1, t, w)), (b, count, h // count, t, w))
+        return ctx.reshape(wide, (b, h, t, w))
+
+    q, k, v = full(query, heads_of["q"]), full(key, heads_of["k"]), full(value, kv_heads)
+    dk, dv = ctx.shape(q)[3], ctx.shape(v)[3]
+    chunk = max(4, math.ceil(math.sqrt(t)))
+    count = -(-t // chunk)
+
+    def chunks(x: str) -> str:
+        """[B, h, T, w] as [B, h, count, chunk, w], zeros after the last step (a zero key, value,
+        beta and log-decay leave the state as it is)."""
+        rank = ctx.rank(x)
+        if count * chunk > t:
+            pads = [0] * (2 * rank)
+            pads[rank + 2] = count * chunk - t
+            x = ctx.emit(Prim.PAD, x, pads=tuple(pads), mode="constant", value=0.0)
+        return ctx.reshape(x, (b, h, count, chunk, ctx.shape(x)[3]))
+
+    def mul(x: str, y: str) -> str:
+        return ctx.elementwise(Prim.MUL, x, y)
+
+    def last_two_swapped(x: str) -> str:
+        order = list(range(ctx.rank(x)))
+        return ctx.transpose(x, (*order[:-2], order[-1], order[-2]))
+
+    q, k, v = chunks(q), chunks(k), chunks(v)
+    upto = np.tril(np.ones((chunk, chunk), bool))  # j <= i
+    if decay is not None:  # g [B, h, count, chunk, 1]: cumulative within each chunk
+        g = matmul(
+            ctx,
+            last_two_swapped(chunks(full(decay, kv_heads))),
+            ctx.const(np.triu(np.ones((chunk, chunk), "float32"))),
+        )
+        g = last_two_swapped(g)
+        apart = ctx.elementwise(Prim.SUB, g, last_two_swapped(g))  # [.., i, j]: g_i - g_j
+        seen = ctx.unary(
+            Prim.EXP, ctx.elementwise(Prim.WHERE, ctx.const(upto), apart, ctx.scalar(-np.inf, "float32"))
+        )
+        grown = ctx.unary(Prim.EXP, g)  # exp(g_i)
+        last = ctx.slice_axis(g, 3, chunk - 1, 1)
+        carried = ctx.unary(Prim.EXP, ctx.elementwise(Prim.SUB, last, g))  # exp(g_last - g_j)
+        last = ctx.unary(Prim.EXP, last)
+    else:
+        seen, grown, carried, last = ctx.const(upto.astype("float32")), None, None, None
+    if beta is not None:
+        rate = chunks(full(beta, ctx.shape(beta)[2]))  # (one for every head, or per head)
+        lower = mul(ctx.const(np.tril(np.ones((chunk, chunk), "float32"), -1)), seen)
+        a = mul(rate, mul(matmul(ctx, k, last_two_swapped(k)), lower))  # A_ij, j < i
+        scaled_k = mul(rate, k if grown is None else mul(grown, k))
+        rhs = ctx.concat([mul(rate, v), scaled_k], 4)  # [.., chunk, dv + dk]
+        rows = []
+        for i in range(chunk):  # forward substitution: x_i = rhs_i - sum_{j<i} A_ij x_j
+            row = ctx.slice_axis(rhs, 3, i, 1)
+            if i:
+                done = ctx.concat(rows, 3) if i > 1 else rows[0]
+                row = ctx.elementwise(
+                    Prim.SUB, row, matmul(ctx, ctx.slice_axis(ctx.slice_axis(a, 3, i, 1), 4, 0, i), done)
+                )
+            rows.append(row)
+        solved = ctx.concat(rows, 3)
+        p, r = ctx.slice_axis(solved, 4, 0, dv), ctx.slice_axis(solved, 4, dv, dk)
+    else:
+        p, r = v, None
+    reads = mul(matmul(ctx, q, last_two_swapped(k)), seen)  # [.., i, j]: q_i.k_j, j <= i
+    kv_shape = (b, kv_heads, dk, dv)
+    state = ctx.cast(past, "float32") if past is not None else ctx.const(np.zeros(kv_shape, "float32"))
+    state = ctx.reshape(
+        ctx.broadcast_to(ctx.reshape(state, (b, kv_heads, 1, dk, dv)), (b, kv_heads, h // kv_heads, dk, dv)),
+        (b, h, dk, dv),
+    )
+
+    def at(x: str, c: int) -> str:  # chunk c of x
+        return ctx.reshape(ctx.slice_axis(x, 2, c, 1), (b, h, *ctx.shape(x)[3:]))
+
+    outs = []
+    for c in range(count):
+        u = at(p, c) if r is None else ctx.elementwise(Prim.SUB, at(p, c), matmul(ctx, at(r, c), state))
+        qc = at(q, c) if grown is None else mul(at(grown, c), at(q, c))
+        outs.append(ctx.elementwise(Prim.ADD, matmul(ctx, qc, state), matmul(ctx, at(reads, c), u)))
+        kc = at(k, c) if carried is None else mul(at(carried, c), at(k, c))
+        if last is not None:
+            state = mul(state, at(last, c))
+        state = ctx.elementwise(Prim.ADD, state, matmul(ctx, last_two_swapped(kc), u))
+    y = ctx.slice_axis(ctx.concat(outs, 2) if count > 1 else outs[0], 2, 0, t)  # [B, h, T, dv]
+    y = mul(y, ctx.scalar(scale, "float32"))
+    y = ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, t, h * dv))
+    state = ctx.reshape(
+        ctx.slice_axis(ctx.reshape(state, (b, kv_heads, h // kv_heads, dk, dv)), 2, 0, 1), kv_shape
+    )
+    return y, state
