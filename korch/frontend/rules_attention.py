@@ -398,6 +398,7 @@ def _chunked_linear_attention(
         return ctx.transpose(x, (*order[:-2], order[-1], order[-2]))
 
     q, k, v = chunks(q), chunks(k), chunks(v)
+    k_t = last_two_swapped(k)  # [.., dk, chunk]
     upto = np.tril(np.ones((chunk, chunk), bool))  # j <= i
     if decay is not None:  # g [B, h, count, chunk, 1]: cumulative within each chunk
         g = matmul(
@@ -419,7 +420,7 @@ def _chunked_linear_attention(
     if beta is not None:
         rate = chunks(full(beta, ctx.shape(beta)[2]))  # (one for every head, or per head)
         lower = mul(ctx.const(np.tril(np.ones((chunk, chunk), "float32"), -1)), seen)
-        a = mul(rate, mul(matmul(ctx, k, last_two_swapped(k)), lower))  # A_ij, j < i
+        a = mul(rate, mul(matmul(ctx, k, k_t), lower))  # A_ij, j < i
         scaled_k = mul(rate, k if grown is None else mul(grown, k))
         rhs = ctx.concat([mul(rate, v), scaled_k], 4)  # [.., chunk, dv + dk]
         rows = []
@@ -435,7 +436,7 @@ def _chunked_linear_attention(
         p, r = ctx.slice_axis(solved, 4, 0, dv), ctx.slice_axis(solved, 4, dv, dk)
     else:
         p, r = v, None
-    reads = mul(matmul(ctx, q, last_two_swapped(k)), seen)  # [.., i, j]: q_i.k_j, j <= i
+    reads = mul(matmul(ctx, q, k_t), seen)  # [.., i, j]: q_i.k_j, j <= i
     kv_shape = (b, kv_heads, dk, dv)
     state = ctx.cast(past, "float32") if past is not None else ctx.const(np.zeros(kv_shape, "float32"))
     state = ctx.reshape(
