@@ -6,9 +6,14 @@ to the newest addition that are not adjacent to anything before, so every connec
 exactly once. Growth stops at sets that break a monotone legality rule, and at sets whose convex
 closure (every node on a path between two of its members) is already larger than the bound.
 A region where the bound allows more than `max_per_partition` sets (a value that many chains
-read: an unrolled scan's 16 gathers from one tensor made 1.1 million) gets the largest bound that
-keeps it under that number. The most any other model measured has is 23 424 (Qwen2's first region,
-its rotary embedding read by every layer; the zoo's most is 2 554)."""
+read: an unrolled scan's 16 gathers from one tensor made 1.1 million), or where growing them looks
+at more than `max_visits` sets, legal or not, gets the largest bound that keeps it under both
+numbers. The second limit is for sets that legality rejects only once finished: Keras'
+UpSampling1D, as tf2onnx writes it, splits a tensor into 64 rows and concatenates each twice, and
+every set of up to 11 of the rows with their source is connected and convex but writes too many
+outputs (10^11 sets to look at, none kept: `korch optimize` never finished). The most sets any
+other model measured keeps is 23 424 (Qwen2's first region, its rotary embedding read by every
+layer; the zoo's most is 2 554); the zoo's partitions look at 12 196 at most (Candy)."""
 
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ def baked(array: np.ndarray) -> bool:
 class CandidateOptions:
     max_size: int = 12  # primitives per candidate, broadcasts not counted
     max_per_partition: int = 50_000  # past this a partition's size bound is lowered (see the module doc)
+    max_visits: int = 500_000  # sets looked at, kept or rejected: past this too (about 2 s)
     legality: LegalityOptions = LegalityOptions()
     partition: PartitionOptions = PartitionOptions()
 
@@ -89,7 +95,10 @@ class CandidateSet:
         parts = ", ".join(
             f"{p} ({self.partitions[p].size} primitives) to {k}" for p, k in sorted(self.lowered.items())
         )
-        return f"over {cap} candidates of up to {max_size} primitives in a partition; bound lowered: {parts}"
+        return (
+            f"over {cap} candidates of up to {max_size} primitives (or too many sets to look at) in a"
+            f" partition; bound lowered: {parts}"
+        )
 
 
 # --------------------------------------------------------------------------- keys
@@ -206,7 +215,8 @@ def _bits(mask: int):
 
 
 def _enumerate_region(region: _Region, options: CandidateOptions, pruned: Counter):
-    """Yield (member mask, written values) for every legal connected convex set."""
+    """Yield (member mask, written values) for every legal connected convex set, and None for
+    each connected set looked at and rejected (the caller counts the work)."""
     k = options.max_size
     legality = options.legality
     kinds = region.kind
@@ -218,10 +228,12 @@ def _enumerate_region(region: _Region, options: CandidateOptions, pruned: Counte
             reason = final_reason(len(written), legality)
             if reason:
                 pruned[reason] += 1
+                yield None
             else:
                 yield members, written
         else:
             pruned["non-convex"] += 1
+            yield None
         while ext:
             w = (ext & -ext).bit_length() - 1
             ext &= ext - 1
@@ -275,16 +287,20 @@ def enumerate_candidates(graph: Graph, options: CandidateOptions = CandidateOpti
 
 def _bounded(region: _Region, options: CandidateOptions, pruned: Counter) -> tuple[list, int]:
     """(the region's sets, the size bound they keep): all sets up to options.max_size, or where
-    those are more than options.max_per_partition, those up to the largest bound that keeps them
-    fewer (found by bisection; each try stops at one set past the limit)."""
+    those are more than options.max_per_partition or take looking at more than options.max_visits,
+    those up to the largest bound that stays within both (found by bisection; each try stops at
+    the first set past a limit)."""
 
     def sets_up_to(size: int) -> tuple[list, Counter] | None:
         counted: Counter = Counter()
         sets = []
-        for found in _enumerate_region(region, replace(options, max_size=size), counted):
-            if len(sets) == options.max_per_partition and size > 1:  # (every primitive needs a kernel)
+        looked = _enumerate_region(region, replace(options, max_size=size), counted)
+        for visits, found in enumerate(looked, 1):
+            too_many = found is not None and len(sets) == options.max_per_partition
+            if (too_many or visits > options.max_visits) and size > 1:  # (every primitive needs a kernel)
                 return None
-            sets.append(found)
+            if found is not None:
+                sets.append(found)
         return sets, counted
 
     best, size = sets_up_to(options.max_size), options.max_size

@@ -165,6 +165,40 @@ def test_singles_stay_when_even_they_pass_the_cap():
     assert result.lowered == {0: 1}
 
 
+def _rows_repeated(rows=10):
+    """Keras' UpSampling1D as tf2onnx writes it: a tensor split into single rows, each
+    concatenated twice. Sets of rows with their source are connected and convex, but write every
+    row they hold: past max_outputs rows a set is rejected only once finished (with 64 rows and 12
+    primitives a set, about 10^11 of them)."""
+    b = GraphBuilder()
+    (x,) = b.emit(Prim.EXP, [b.input("x", TensorType((rows, 4), "float32"))])
+    parts = [b.emit(Prim.SLICE, [x], starts=(i, 0), steps=(1, 1), sizes=(1, 4))[0] for i in range(rows)]
+    (y,) = b.emit(Prim.CONCAT, [p for p in parts for _ in range(2)], axis=0)
+    return b.build([y], ["y"])
+
+
+def test_a_partition_whose_sets_are_rejected_once_finished_gets_a_lower_bound():
+    """The bound is the largest whose enumeration looks at no more than max_visits sets (counted
+    here directly), and the sets kept are brute force's at that bound."""
+    from korch.candidates import _enumerate_region, _Region
+
+    graph = _rows_repeated()
+    cap = 1000  # (8 primitives take 1946 visits, 6 take 1286)
+    result = enumerate_candidates(graph, CandidateOptions(max_size=8, max_visits=cap))
+    (part,) = result.partitions
+    bound = result.lowered[part.index]
+
+    def visits(size):
+        region = _Region(graph, part)
+        return sum(1 for _ in _enumerate_region(region, CandidateOptions(max_size=size), Counter()))
+
+    assert 1 < bound < 8 and visits(bound) <= cap < visits(bound + 1)
+    kept = {frozenset(c.nodes) for c in result.candidates}
+    assert kept == brute_force(graph, CandidateOptions(max_size=bound), [(part.start, part.stop)])
+    unbounded = enumerate_candidates(graph, CandidateOptions(max_size=8))
+    assert not unbounded.lowered
+
+
 def _two_blocks(scale_a=0.5, scale_b=0.5):
     b = GraphBuilder()
     x = b.input("x", T)

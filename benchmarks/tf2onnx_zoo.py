@@ -1,0 +1,93 @@
+"""Keras models as tf2onnx writes them (TensorFlow's ONNX exporter): the image classifiers of
+`keras.applications` and four small models of other layers (benchmarks/keras_export.py), random
+weights, batch 1. Their graphs are not PyTorch's: images arrive channels-last and are transposed
+once, 1-D layers are 2-D ones between Unsqueeze and Squeeze, same-padding of strided convolutions
+is a Pad node, batch normalization is folded into a Mul and an Add, Keras' UpSampling1D is a Split
+into single rows concatenated twice each, shapes are computed at run time by Shape, Gather and
+ReduceProd. tf2onnx 1.17 with TensorFlow 2.21 writes ConvNeXt's and RegNet's grouped
+convolutions as TensorFlow's PartitionedCall, a file that neither ONNX Runtime nor korch loads.
+
+Per file, as benchmarks/quantized_zoo.py: primitives, opaque operators, the primitive graph's error
+against ONNX Runtime, the plan's kernels and backends, `plan.verify()`, medians of korch and ONNX
+Runtime (interleaved) and their ratio. The export runs in an environment of its own (TensorFlow
+pins its own numpy and protobuf): `python -m venv ENV && ENV/bin/pip install tensorflow-cpu tf-keras
+tf2onnx`. Usage: `python benchmarks/tf2onnx_zoo.py [NAME ...] --tf-python ENV/bin/python --dir DIR
+[--time-budget S] [--cache DB]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from pathlib import Path
+
+from quantized_zoo import measure
+
+import korch
+
+MODELS = (
+    "MobileNet",
+    "MobileNetV2",
+    "MobileNetV3Small",
+    "MobileNetV3Large",
+    "EfficientNetB0",
+    "EfficientNetV2B0",
+    "ResNet50",
+    "ResNet50V2",
+    "DenseNet121",
+    "InceptionV3",
+    "Xception",
+    "NASNetMobile",
+    "text-lstm",
+    "text-transformer",
+    "conv1d",
+    "unet",
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("models", nargs="*", default=list(MODELS))
+    parser.add_argument("--tf-python", required=True, help="a Python with tensorflow, tf-keras, tf2onnx")
+    parser.add_argument("--dir", required=True, help="where the ONNX files go (kept between runs)")
+    parser.add_argument(
+        "--time-budget", type=float, default=60.0, metavar="S", help="profiling budget per file"
+    )
+    parser.add_argument("--cache", help="profile database (default: korch's)")
+    args = parser.parse_args()
+    import onnxruntime
+
+    directory = Path(args.dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    missing = [name for name in args.models if not (directory / f"{name}.onnx").exists()]
+    exporter = Path(__file__).with_name("keras_export.py")
+    failed = {}
+    if missing:
+        done = subprocess.run(
+            [args.tf_python, str(exporter), str(directory), *missing], capture_output=True, text=True
+        )
+        for line in done.stdout.splitlines():
+            if line.startswith("fail "):
+                name, why = line[5:].split(": ", 1)
+                failed[name] = why
+    print(f"onnxruntime {onnxruntime.__version__}, korch {korch.__version__}, budget {args.time_budget:g} s")
+    head = f"{'prims':>6s} {'opaque':>6s} {'rel err':>8s} {'kernels':>7s} {'backends':22s} {'verify':>8s}"
+    print(f"{'model':18s} {head} {'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s} {'s':>5s}")
+    for name in args.models:
+        path = directory / f"{name}.onnx"
+        if not path.exists():
+            print(f"{name:18s} tf2onnx failed: {failed.get(name, 'no file written')}")
+            continue
+        started = time.perf_counter()
+        try:
+            line = measure(path, args.time_budget, args.cache)
+        except korch.KorchError as e:
+            line = f"korch: {e}"
+        print(f"{name:18s} {line} {time.perf_counter() - started:5.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
