@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 from hf_decoder_bench import BASE
 from hf_sweep import LM, TOKENS
-from quantized_zoo import measure
+from quantized_zoo import MEASURED, measure
 
 import korch
 
@@ -212,8 +212,7 @@ def main() -> None:
         f"korch {korch.__version__}; {args.size} {args.precision}, {args.tokens} tokens, "
         f"backends {args.backends or 'default'}"
     )
-    head = f"{'prims':>6s} {'opaque':>6s} {'rel err':>8s} {'kernels':>7s} {'backends':22s} {'verify':>8s}"
-    print(f"{'model':16s} {head} {'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s} {'s':>5s}")
+    print(f"{'model':16s} {MEASURED} {'s':>5s}")
     for name in args.models or MODELS:
         suffix = "" if args.precision == "fp32" else f"-{args.precision}"
         checkpoint, out = (

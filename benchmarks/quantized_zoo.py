@@ -64,6 +64,13 @@ def quantize(source: Path, form: str, out: Path) -> None:
     )
 
 
+# the columns of measure's row
+MEASURED = (
+    f"{'prims':>6s} {'opaque':>6s} {'rel err':>8s} {'kernels':>7s} {'backends':22s} {'verify':>8s} "
+    f"{'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s}"
+)
+
+
 def measure(path: Path, budget: float, cache: str | None, backends=None, **pins) -> str:
     """The row of one file; `pins`: shapes and values, as korch.fission takes them."""
     fission = korch.fission(path, **pins)
@@ -126,10 +133,7 @@ def main() -> None:
     import onnxruntime
 
     print(f"onnxruntime {onnxruntime.__version__}, korch {korch.__version__}, budget {args.time_budget:g} s")
-    head = f"{'prims':>6s} {'opaque':>6s} {'rel err':>8s} {'kernels':>7s} {'backends':22s} {'verify':>8s}"
-    head = f"{head} {'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s}"
-    if args.agreement:
-        head = "per seed: ONNX Runtime off vs on / korch vs on / korch vs off"
+    head = "per seed: ONNX Runtime off vs on / korch vs on / korch vs off" if args.agreement else MEASURED
     print(f"{'file':28s} {head} {'s':>5s}")
     directory = Path(args.dir)
     for name in args.models:

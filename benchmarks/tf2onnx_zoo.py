@@ -22,7 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from quantized_zoo import measure
+from quantized_zoo import MEASURED, measure
 
 import korch
 
@@ -74,8 +74,7 @@ def main() -> None:
                 name, why = line[5:].split(": ", 1)
                 failed[name] = why
     print(f"onnxruntime {onnxruntime.__version__}, korch {korch.__version__}, budget {args.time_budget:g} s")
-    head = f"{'prims':>6s} {'opaque':>6s} {'rel err':>8s} {'kernels':>7s} {'backends':22s} {'verify':>8s}"
-    print(f"{'model':18s} {head} {'korch ms':>9s} {'ort ms':>9s} {'ratio':>7s} {'s':>5s}")
+    print(f"{'model':18s} {MEASURED} {'s':>5s}")
     for name in args.models:
         path = directory / f"{name}.onnx"
         if not path.exists():
