@@ -58,34 +58,38 @@ def main() -> None:
     )
     parser.add_argument("--cache", help="profile database (default: korch's)")
     args = parser.parse_args()
+    exporter = [args.tf_python, str(Path(__file__).with_name("keras_export.py"))]
+    measure_exported(args.models, exporter, Path(args.dir), args.time_budget, args.cache, "tf2onnx")
+
+
+def measure_exported(names, exporter: list[str], directory: Path, budget: float, cache, tool: str):
+    """Export the models whose files `directory` lacks (`exporter` DIR NAME ... prints `ok NAME` or
+    `fail NAME: why` per model, in an environment of its own), then print measure's row per file."""
     import onnxruntime
 
-    directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
-    missing = [name for name in args.models if not (directory / f"{name}.onnx").exists()]
-    exporter = Path(__file__).with_name("keras_export.py")
+    missing = [name for name in names if not (directory / f"{name}.onnx").exists()]
     failed = {}
     if missing:
-        done = subprocess.run(
-            [args.tf_python, str(exporter), str(directory), *missing], capture_output=True, text=True
-        )
+        done = subprocess.run([*exporter, str(directory), *missing], capture_output=True, text=True)
         for line in done.stdout.splitlines():
             if line.startswith("fail "):
                 name, why = line[5:].split(": ", 1)
                 failed[name] = why
-    print(f"onnxruntime {onnxruntime.__version__}, korch {korch.__version__}, budget {args.time_budget:g} s")
-    print(f"{'model':18s} {MEASURED} {'s':>5s}")
-    for name in args.models:
+    width = max(18, *(len(name) + 1 for name in names))
+    print(f"onnxruntime {onnxruntime.__version__}, korch {korch.__version__}, budget {budget:g} s")
+    print(f"{'model':{width}s} {MEASURED} {'s':>5s}")
+    for name in names:
         path = directory / f"{name}.onnx"
         if not path.exists():
-            print(f"{name:18s} tf2onnx failed: {failed.get(name, 'no file written')}")
+            print(f"{name:{width}s} {tool} failed: {failed.get(name, 'no file written')}")
             continue
         started = time.perf_counter()
         try:
-            line = measure(path, args.time_budget, args.cache)
+            line = measure(path, budget, cache)
         except korch.KorchError as e:
             line = f"korch: {e}"
-        print(f"{name:18s} {line} {time.perf_counter() - started:5.1f}", flush=True)
+        print(f"{name:{width}s} {line} {time.perf_counter() - started:5.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -104,7 +104,9 @@ def test_every_onnx_node_case_korch_imports_with_opaque_operators_computes_what_
     ]
     assert not crashed, crashed
     assert not wrong, wrong
-    assert len(outcomes) >= 1270, len(outcomes)  # (1284 with onnx 1.23 and onnxruntime 1.32)
+    # (1266 with onnx 1.23 and onnxruntime 1.32: NonZero, NonMaxSuppression and Unique on inputs,
+    # whose output shapes depend on values, are refused)
+    assert len(outcomes) >= 1255, len(outcomes)
 
 
 def _onnxruntime(model, ins: list[np.ndarray]) -> list[np.ndarray] | None:

@@ -291,6 +291,43 @@ def test_a_loop_whose_condition_depends_on_data_is_refused():
         korch.fission(_loop("data"))
 
 
+def _nonzero_then_gather(constant_mask: np.ndarray | None) -> onnx.ModelProto:
+    """y = x[nonzero(mask > 0)]: the shape of y is the count of positive elements in mask (as
+    torchvision's detectors filter boxes), mask an input or, given, a constant."""
+    vi = helper.make_tensor_value_info
+    nodes = [
+        helper.make_node("Greater", ["mask", "zero"], ["positive"]),
+        helper.make_node("NonZero", ["positive"], ["where"]),
+        helper.make_node("Squeeze", ["where", "axis0"], ["picked"]),
+        helper.make_node("Gather", ["x", "picked"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.float32(0), "zero"), numpy_helper.from_array(np.array([0]), "axis0")]
+    inputs = [vi("x", F, [6])]
+    if constant_mask is None:
+        inputs.append(vi("mask", F, [6]))
+    else:
+        inits.append(numpy_helper.from_array(constant_mask, "mask"))
+    return onnx_model(helper.make_graph(nodes, "g", inputs, [vi("y", F, None)], inits))
+
+
+def test_an_operator_whose_output_shape_depends_on_values_is_refused_unless_they_are_constants(
+    tmp_path, capsys
+):
+    """NonZero on an input once ran on a probe of ones, and its output kept the probe's shape:
+    torchvision's SSD then failed in the reference with numpy's 'cannot reshape array'."""
+    model = _nonzero_then_gather(None)
+    with pytest.raises(KorchError, match="NonZero.*depends on its inputs' values.*cut the model before it"):
+        korch.fission(model)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    assert cli.main(["fission", str(path)]) == 2
+    assert "\n" not in capsys.readouterr().err.strip()
+    mask = np.array([1, -1, 2, 0, 3, -4], np.float32)  # a constant mask folds, as numpy says
+    x = np.arange(6, dtype=np.float32) * 10
+    result = korch.fission(_nonzero_then_gather(mask))
+    np.testing.assert_array_equal(reference.run(result.graph, {"x": x})["y"], x[np.nonzero(mask > 0)])
+
+
 def _scan(in_axis: int, backwards: int, out_axis: int) -> onnx.ModelProto:
     """(s, ys) = Scan(zeros(3), x) over x's axis `in_axis` (from its end if backwards): s' = s / 2
     + x_t, y_t = 2 s', the ys stacked along `out_axis` in the same direction."""
