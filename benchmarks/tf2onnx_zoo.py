@@ -47,19 +47,23 @@ MODELS = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("models", nargs="*", default=list(MODELS))
-    parser.add_argument("--tf-python", required=True, help="a Python with tensorflow, tf-keras, tf2onnx")
+    parser = exported_parser(__doc__, MODELS, "--tf-python", "a Python with tensorflow, tf-keras, tf2onnx")
+    args = parser.parse_args()
+    exporter = [args.tf_python, str(Path(__file__).with_name("keras_export.py"))]
+    measure_exported(args.models, exporter, Path(args.dir), args.time_budget, args.cache, "tf2onnx")
+
+
+def exported_parser(doc: str, models, python: str, needs: str) -> argparse.ArgumentParser:
+    """The arguments of a zoo exported in an environment of its own: the Python flag, what it needs."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="*", default=list(models))
+    parser.add_argument(python, required=True, help=needs)
     parser.add_argument("--dir", required=True, help="where the ONNX files go (kept between runs)")
     parser.add_argument(
         "--time-budget", type=float, default=60.0, metavar="S", help="profiling budget per file"
     )
     parser.add_argument("--cache", help="profile database (default: korch's)")
-    args = parser.parse_args()
-    exporter = [args.tf_python, str(Path(__file__).with_name("keras_export.py"))]
-    measure_exported(args.models, exporter, Path(args.dir), args.time_budget, args.cache, "tf2onnx")
+    return parser
 
 
 def measure_exported(names, exporter: list[str], directory: Path, budget: float, cache, tool: str):

@@ -18,10 +18,9 @@ import warnings
 
 import torch
 
-# torchvision builders' inputs (C, H, W) or (C, T, H, W): detection at its builder's size
+# torchvision builders' inputs (C, H, W) or (C, T, H, W) other than 3x224x224 (RAFT takes two images)
 TORCHVISION_INPUTS = {
     "r3d_18": (3, 16, 112, 112),
-    "raft_small": None,  # two images
     "ssdlite320_mobilenet_v3_large": (3, 320, 320),
     "fasterrcnn_mobilenet_v3_large_320_fpn": (3, 320, 320),
 }

@@ -16,10 +16,9 @@ benchmarks/torch_hub_zoo.py [NAME ...] --torch-python ENV/bin/python --dir DIR [
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from tf2onnx_zoo import measure_exported
+from tf2onnx_zoo import exported_parser, measure_exported
 
 MODELS = (
     "timm-resnet50",
@@ -48,17 +47,8 @@ MODELS = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("models", nargs="*", default=list(MODELS))
-    parser.add_argument("--torch-python", required=True, help="a Python with torchvision, timm, onnxscript")
-    parser.add_argument("--dir", required=True, help="where the ONNX files go (kept between runs)")
+    parser = exported_parser(__doc__, MODELS, "--torch-python", "a Python with torchvision, timm, onnxscript")
     parser.add_argument("--legacy", action="store_true", help="torch.onnx's TorchScript exporter")
-    parser.add_argument(
-        "--time-budget", type=float, default=60.0, metavar="S", help="profiling budget per file"
-    )
-    parser.add_argument("--cache", help="profile database (default: korch's)")
     args = parser.parse_args()
     exporter = [args.torch_python, str(Path(__file__).with_name("torch_hub_export.py"))]
     exporter += ["--legacy"] if args.legacy else []
