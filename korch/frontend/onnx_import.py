@@ -75,12 +75,12 @@ def load_model(source: str | os.PathLike | onnx.ModelProto | bytes, name: str = 
     return model
 
 
-# operators ONNX Runtime adds to ONNX's domain: its LayerNormalization before ONNX's (opset 17),
-# SimplifiedLayerNormalization (korch.frontend.rules_contrib lowers both)
 # operators whose output shapes depend on their inputs' values: a plan of static kernels cannot hold
 # one unless its inputs are constants (a probe run would freeze the shape of one input's answer)
 DATA_DEPENDENT_SHAPES = ("NonZero", "NonMaxSuppression", "Unique")
 
+# operators ONNX Runtime adds to ONNX's domain: its LayerNormalization before ONNX's (opset 17),
+# SimplifiedLayerNormalization (korch.frontend.rules_contrib lowers both)
 ONNX_RUNTIME_ONNX_OPS = ("LayerNormalization", "SimplifiedLayerNormalization")
 
 
@@ -386,6 +386,12 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
         prefix += "_"
     names = [f"{prefix}{i}" if v is not None else "" for i, v in enumerate(inputs)]
     present = [(n, v) for n, v in zip(names, inputs) if v is not None]
+    constant = bool(present) and all(ctx.const_value(v) is not None for _, v in present)
+    if not constant and node.domain in DEFAULT_DOMAINS and node.op_type in DATA_DEPENDENT_SHAPES:
+        raise KorchError(
+            "the shape of its output depends on its inputs' values, which korch's plans of "
+            "static-shaped kernels cannot hold; cut the model before it (onnx.utils.extract_model)"
+        )
     in_infos = [
         helper.make_tensor_value_info(n, to_onnx_dtype(ctx.dtype(v)), ctx.shape(v)) for n, v in present
     ]
@@ -406,12 +412,6 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
         _opaque_session(blob)
     except Exception as e:
         raise KorchError(f"ONNX Runtime cannot run this operator either: {error_line(e)}") from None
-    constant = bool(present) and all(ctx.const_value(v) is not None for _, v in present)
-    if not constant and node.domain in DEFAULT_DOMAINS and node.op_type in DATA_DEPENDENT_SHAPES:
-        raise KorchError(
-            "the shape of its output depends on its inputs' values, which korch's plans of "
-            "static-shaped kernels cannot hold; cut the model before it (onnx.utils.extract_model)"
-        )
     wanted = [o for o in node.output if o]  # an optional output left out has no name, and no value
     out_types = [expected.get(o) for o in wanted]
     if constant or None in out_types:
