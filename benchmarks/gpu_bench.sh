@@ -7,11 +7,12 @@
 # own time limit, smallest models first, and each model's result is stored as soon as it exists
 # (korch's part before the peers compile), so a slow model costs only itself: each model may take
 # what is left of the DEADLINE (seconds from the start, default 575) shared equally among the
-# models still to run, so time a fast model leaves goes to the slower ones after it. The first
-# H200 run (BENCHMARKS.md) found 80 s per model too little; split the five over two calls:
+# models still to run, so time a fast model leaves goes to the slower ones after it. A model
+# takes 100-160 s on an H200 (BENCHMARKS.md "GPU"); the second run split the five over two calls
+# of one session, the GPU tests in the first:
 #
-#   OUT=gpu-results [DEADLINE=575] [MODELS="yolox-nano efficientvit-b1 segformer-b0"] [TESTS=0] \
-#       bash benchmarks/gpu_bench.sh [SECONDS_OF_PROFILING_PER_MODEL]
+#   OUT=gpu-results DEADLINE=395 MODELS="yolox-nano efficientvit-b1" bash benchmarks/gpu_bench.sh 20
+#   OUT=gpu-results DEADLINE=465 TESTS=0 MODELS="segformer-b0 candy yolov4" bash benchmarks/gpu_bench.sh 20
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

@@ -24,6 +24,13 @@ PEER_ORDER = (
 )
 
 
+SOURCE_MODEL_NOTE = [
+    "\n\\* the plan is the source model run whole by ONNX Runtime (nothing korch profiled within "
+    "the budget beat it): korch and the onnxruntime peer run the same graph, so their ratio "
+    "is no speed-up of korch."
+]
+
+
 def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
@@ -90,18 +97,25 @@ def targets(runs: list[dict], device: str) -> list[str]:
                 f"(target 1.2x: {'met' if g >= 1.2 else 'missed'}; by minima {by_min or 0:.2f}x)"
             )
     else:
-        tc = [
-            r["bench"]["results"]["torch-compile"]["median_ms"] / r["bench"]["results"]["korch"]["median_ms"]
-            for r in runs
-            if r["model"] in PAPER_MODELS and "torch-compile" in r["bench"]["results"]
-        ]
-        g = geomean(tc)
+        paper = [r for r in runs if r["model"] in PAPER_MODELS and _over_torch_compile(r, "median_ms")]
+        g = geomean([_over_torch_compile(r, "median_ms") for r in paper])
         if g is not None:
+            by_min = geomean([_over_torch_compile(r, "min_ms") for r in paper])
             lines.append(
-                f"- geomean speedup over torch.compile on the paper's models ({len(tc)} measured): "
-                f"{g:.2f}x (target 1.3x: {'met' if g >= 1.3 else 'missed'})"
+                f"- geomean speedup over torch.compile (its fastest mode per model) on the paper's "
+                f"models ({len(paper)} measured): {g:.2f}x (target 1.3x: {'met' if g >= 1.3 else 'missed'}; "
+                f"by minima {by_min:.2f}x)"
             )
     return lines
+
+
+def _over_torch_compile(r: dict, stat: str) -> float | None:
+    """The fastest torch.compile mode's time over korch's (None if no mode was timed): the
+    default alone would flatter korch on a GPU, where CUDA graphs take most of a small model's
+    launch cost away."""
+    res = r["bench"]["results"]
+    modes = [res[p][stat] for p in res if p.startswith("torch-compile")]
+    return min(modes) / res["korch"][stat] if modes else None
 
 
 def breakdown(runs: list[dict]) -> list[str]:
@@ -137,9 +151,7 @@ def render_markdown(doc: dict) -> str:
             f"{', '.join(runs[0].get('backends') or ['the default'])}. Medians of interleaved "
             "blocks; 'predicted' is the solver's sum of kernel latencies (ratio to measured).\n",
             *table(runs),
-            "\n\\* the plan is the source model run whole by ONNX Runtime (nothing korch profiled within "
-            "the budget beat it): korch and the onnxruntime peer run the same graph, so their ratio "
-            "is no speed-up of korch.",
+            *SOURCE_MODEL_NOTE * any(r.get("source_model_only") for r in runs),
             "\nTargets:\n",
             *targets(runs, device),
             *breakdown(runs),

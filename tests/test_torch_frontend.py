@@ -905,3 +905,26 @@ def test_nested_outputs_come_back_flat_in_pytree_order(torch_cache):
     spelled = [x + 1, x * 2, x - 3, x.exp(), x.abs(), x * x]
     for g, w in zip(got, spelled):
         assert check.rel_err(g.numpy(), w.numpy()) <= 1e-4
+
+
+def test_a_bfloat16_normalization_exported_for_cuda_keeps_torchs_float32_statistics():
+    """On a GPU torch computes native_layer_norm's mean and inverse std-dev in float32 and returns
+    them so (a CPU rounds them to bfloat16): the lowering follows the export's types, and the
+    normalized output still matches eager float32 PyTorch rounded once. Exported with fake CUDA
+    tensors, so this runs without a GPU (the H200 run found the mismatch)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from korch.frontend.torch_import import export, import_exported
+
+    module = Fn(lambda x: (F.layer_norm(x, (32,)), F.group_norm(x, 4)))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        ep = export(module, (torch.empty(2, 8, 32, dtype=torch.bfloat16, device="cuda"),))
+    stats = [n.meta["val"][1].dtype for n in ep.graph.nodes if "native_layer_norm" in str(n.target)]
+    assert stats == [torch.float32]  # (the premise: torch's CUDA type)
+    result = import_exported(ep, {})
+    x = torch.randn(2, 8, 32).to(torch.bfloat16)
+    got = reference.run(result.graph, {result.graph.inputs[0]: to_numpy(x)})
+    want = [F.layer_norm(x.float(), (32,)), F.group_norm(x.float(), 4)]
+    for name, w in zip(result.graph.output_names, want):
+        assert str(got[name].dtype) == "bfloat16"
+        assert check.rel_err(got[name].astype(np.float32), w.numpy()) <= 1e-2

@@ -466,12 +466,21 @@ def _affine(ctx: Lowering, y: str, weight, bias, channel_rank: int | None = None
     return y
 
 
+def _normalize_as_torch(ctx: Lowering, n: AtenNode, x: str, axes) -> tuple[str, str, str]:
+    """normalize in the dtype torch gives the statistics: a CPU's bfloat16 and float16 keep the
+    input's, a GPU's are float32 (the normalized values rounded back to the input's dtype once)."""
+    stats = n.out_types[1]
+    stash = stats.dtype if stats is not None else ctx.dtype(x)
+    y, mean, inv_std = normalize(ctx, ctx.cast(x, stash), axes, n["eps"])
+    return ctx.cast(y, ctx.dtype(x)), mean, inv_std
+
+
 @aten("aten.native_layer_norm.default")
 def layer_norm(ctx: Lowering, n: AtenNode) -> list[str]:
     x = n["input"]
     rank = ctx.rank(x)
     axes = range(rank - len(n["normalized_shape"]), rank)
-    y, mean, inv_std = normalize(ctx, x, axes, n["eps"])
+    y, mean, inv_std = _normalize_as_torch(ctx, n, x, axes)
     return [_affine(ctx, y, n["weight"], n["bias"]), mean, inv_std]
 
 
@@ -522,6 +531,6 @@ def group_norm(ctx: Lowering, n: AtenNode) -> list[str | None]:
     x, groups = n["input"], n["group"]
     shape = ctx.shape(x)
     grouped = ctx.reshape(x, (shape[0], groups, math.prod(shape[1:]) // groups))
-    y, mean, inv_std = normalize(ctx, grouped, [2], n["eps"])
+    y, mean, inv_std = _normalize_as_torch(ctx, n, grouped, [2])
     y = _affine(ctx, ctx.reshape(y, shape), n["weight"], n["bias"], len(shape))
     return [y, ctx.reshape(mean, n.out_types[1].shape), ctx.reshape(inv_std, n.out_types[2].shape)]
