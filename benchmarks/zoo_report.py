@@ -24,11 +24,11 @@ PEER_ORDER = (
 )
 
 
-SOURCE_MODEL_NOTE = [
+SOURCE_MODEL_NOTE = (
     "\n\\* the plan is the source model run whole by ONNX Runtime (nothing korch profiled within "
     "the budget beat it): korch and the onnxruntime peer run the same graph, so their ratio "
     "is no speed-up of korch."
-]
+)
 
 
 def geomean(values: list[float]) -> float | None:
@@ -151,7 +151,7 @@ def render_markdown(doc: dict) -> str:
             f"{', '.join(runs[0].get('backends') or ['the default'])}. Medians of interleaved "
             "blocks; 'predicted' is the solver's sum of kernel latencies (ratio to measured).\n",
             *table(runs),
-            *SOURCE_MODEL_NOTE * any(r.get("source_model_only") for r in runs),
+            *([SOURCE_MODEL_NOTE] if any(r.get("source_model_only") for r in runs) else []),
             "\nTargets:\n",
             *targets(runs, device),
             *breakdown(runs),
