@@ -35,12 +35,14 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def min_speedup(r: dict) -> float | None:
-    """The best peer's fastest round over korch's: noise on a shared machine only ever adds time,
-    so minima show what each system can do where medians also show how the machine behaved."""
+def speedup(r: dict, stat: str, peers: str = "") -> float | None:
+    """The fastest peer's `stat` over korch's, among the peers whose names start with `peers`
+    (every peer by default; None if none was timed). By minima ("min_ms") it shows what each
+    system can do: noise on a shared machine only ever adds time, where medians also show how the
+    machine behaved."""
     res = r["bench"]["results"]
-    peers = [p for p in res if p != "korch"]
-    return min(res[p]["min_ms"] for p in peers) / res["korch"]["min_ms"] if peers else None
+    times = [res[p][stat] for p in res if p != "korch" and p.startswith(peers)]
+    return min(times) / res["korch"][stat] if times else None
 
 
 def _peers(runs: list[dict]) -> list[str]:
@@ -70,7 +72,7 @@ def table(runs: list[dict]) -> list[str]:
             f"{r['predicted_ms']:.3f} ({r['predicted_ms'] / korch:.2f}x)",
             *[f"{res[p]['median_ms']:.3f}" if p in res else "-" for p in peers],
             f"{r['bench']['speedup_vs_best_peer']:.2f}x",
-            f"{min_speedup(r):.2f}x" if min_speedup(r) else "-",
+            f"{by_min:.2f}x" if (by_min := speedup(r, "min_ms")) else "-",
             f"{r['roofline']['floor_ms']:.3f}",
             _optimize_times(r),
             f"{r['max_rel_err']:.1e}",
@@ -91,31 +93,24 @@ def targets(runs: list[dict], device: str) -> list[str]:
         mem = [speed[m] for m in MEMORY_BOUND if m in speed]
         g = geomean(mem)
         if g is not None:
-            by_min = geomean([m for r in runs if r["model"] in MEMORY_BOUND if (m := min_speedup(r))])
+            by_min = geomean([m for r in runs if r["model"] in MEMORY_BOUND if (m := speedup(r, "min_ms"))])
             lines.append(
                 f"- geomean speedup on the memory-bound models ({len(mem)} measured): {g:.2f}x "
                 f"(target 1.2x: {'met' if g >= 1.2 else 'missed'}; by minima {by_min or 0:.2f}x)"
             )
     else:
-        paper = [r for r in runs if r["model"] in PAPER_MODELS and _over_torch_compile(r, "median_ms")]
-        g = geomean([_over_torch_compile(r, "median_ms") for r in paper])
+        # torch.compile's fastest mode per model: the default alone would flatter korch on a GPU,
+        # where CUDA graphs take most of a small model's launch cost away
+        paper = [r for r in runs if r["model"] in PAPER_MODELS and speedup(r, "median_ms", "torch-compile")]
+        g = geomean([speedup(r, "median_ms", "torch-compile") for r in paper])
         if g is not None:
-            by_min = geomean([_over_torch_compile(r, "min_ms") for r in paper])
+            by_min = geomean([speedup(r, "min_ms", "torch-compile") for r in paper])
             lines.append(
                 f"- geomean speedup over torch.compile (its fastest mode per model) on the paper's "
                 f"models ({len(paper)} measured): {g:.2f}x (target 1.3x: {'met' if g >= 1.3 else 'missed'}; "
                 f"by minima {by_min:.2f}x)"
             )
     return lines
-
-
-def _over_torch_compile(r: dict, stat: str) -> float | None:
-    """The fastest torch.compile mode's time over korch's (None if no mode was timed): the
-    default alone would flatter korch on a GPU, where CUDA graphs take most of a small model's
-    launch cost away."""
-    res = r["bench"]["results"]
-    modes = [res[p][stat] for p in res if p.startswith("torch-compile")]
-    return min(modes) / res["korch"][stat] if modes else None
 
 
 def breakdown(runs: list[dict]) -> list[str]:
