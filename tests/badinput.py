@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from korch import cli
+
 F = TensorProto.FLOAT
 MODEL_COMMANDS = ("fission", "candidates", "optimize", "bench")
 PLAN_COMMANDS = ("run", "verify", "bench")
@@ -390,3 +392,26 @@ def plan_cases(good_plan: Path, root: Path) -> list[Case]:
         for name, path in dirs.items()
         for command in PLAN_COMMANDS
     ]
+
+
+def run_main(argv, capsys) -> tuple[int, str, str]:
+    """korch.cli.main in this process: (exit code, stdout, stderr)."""
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as e:  # argparse usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def problem(case: Case, code, err: str) -> str | None:
+    """None when `err` is one foreseen `korch: error:` line and the exit code 2 (and the error
+    holds the case's match); otherwise what is wrong."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    if code != 2 or len(lines) != 1:
+        return f"{case.id}: exit {code}, stderr {err!r}"
+    if not lines[0].startswith("korch: error: ") or "error: unexpected " in lines[0]:
+        return f"{case.id}: {lines[0]!r}"  # an unforeseen exception type is a bug too
+    if case.match and case.match not in lines[0]:
+        return f"{case.id}: {lines[0]!r} lacks {case.match!r}"
+    return None

@@ -16,12 +16,13 @@ import pytest
 from badinput import (
     MODEL_COMMANDS,
     PLAN_COMMANDS,
-    Case,
     flag_cases,
     good_model,
     inputs_cases,
     model_cases,
     plan_cases,
+    problem,
+    run_main,
     zero_size_model,
 )
 from hypothesis import HealthCheck, example, given, settings
@@ -63,26 +64,6 @@ def corpus(tmp_path_factory):
     return {"cases": cases, "db": work / "cache.sqlite", "plan": root / "plan", "root": root}
 
 
-def run_main(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as e:  # argparse usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _problem(case: Case, code, err: str) -> str | None:
-    lines = [line for line in err.splitlines() if line.strip()]
-    if code != 2 or len(lines) != 1:
-        return f"{case.id}: exit {code}, stderr {err!r}"
-    if not lines[0].startswith("korch: error: ") or "error: unexpected " in lines[0]:
-        return f"{case.id}: {lines[0]!r}"  # an unforeseen exception type is a bug too
-    if case.match and case.match not in lines[0]:
-        return f"{case.id}: {lines[0]!r} lacks {case.match!r}"
-    return None
-
-
 def test_the_corpus_is_large_and_covers_every_command(corpus):
     by_category = Counter(c.category for c in corpus["cases"])
     assert set(by_category) == set(CATEGORIES)
@@ -97,7 +78,7 @@ def test_every_bad_input_is_one_line_and_exit_2(category, corpus, capsys):
     problems = []
     for case in (c for c in corpus["cases"] if c.category == category):
         code, _, err = run_main(case.argv, capsys)
-        problems.append(_problem(case, code, err))
+        problems.append(problem(case, code, err))
     assert [p for p in problems if p] == []
     assert _db_state(corpus["db"]) == before, "a bad input changed the profile database"
 
