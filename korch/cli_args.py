@@ -4,6 +4,7 @@ errors are bad input: one line on stderr and exit code 2 (korch.cli runs the com
 from __future__ import annotations
 
 import argparse
+import math
 
 from korch.errors import KorchError
 
@@ -48,9 +49,12 @@ def _parse_value(text: str) -> tuple[str, bool | int | float]:
         try:
             return name, int(word)  # (an int64 past 2**53 stays exact)
         except ValueError:
-            return name, float(word)
+            number = float(word)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--value wants NAME=true|false|NUMBER, got {text!r}") from None
+    if math.isinf(number) and "inf" not in word:  # 1e400: no float holds it; inf is said outright
+        raise argparse.ArgumentTypeError(f"--value {text!r}: the number is out of range")
+    return name, number
 
 
 def _path(text: str) -> str:
@@ -77,7 +81,7 @@ def _at_least(low, kind=int):
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="ONNX file")
+    p.add_argument("model", type=_path, help="ONNX file")
     p.add_argument(
         "--shape",
         action="append",
@@ -128,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=_path, help="write the primitive graph as JSON (large constants in .npz)"
     )
     p.add_argument("--check", action="store_true", help="compare with ONNX Runtime on random inputs")
-    p.add_argument("--seed", type=int, default=0, help="seed for --check inputs")
+    p.add_argument("--seed", type=_at_least(0), default=0, help="seed for --check inputs")
     p.add_argument("--text", action="store_true", help="also print the primitive graph's text form")
 
     p = sub.add_parser("candidates", help="enumerate candidate kernels (no profiling)")
@@ -159,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-size", type=_at_least(1), default=12, help="primitives per candidate, broadcasts free"
     )
-    p.add_argument("--jobs", type=_at_least(1), help="compile workers (default: one per core)")
+    p.add_argument("--jobs", type=_at_least(1), help="compile workers (default, and at most: one per core)")
     p.add_argument("--no-seeds", action="store_true", help="no whole-partition peer candidates")
     p.add_argument(
         "--no-rewrite", action="store_true", help="no algebraic rewrites (optimize the graph as imported)"
@@ -174,11 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", help="Ray cluster to join (default $RAY_ADDRESS, else a local one)")
 
     p = sub.add_parser("run", help="run a plan")
-    p.add_argument("plan", metavar="PLAN_DIR")
+    p.add_argument("plan", type=_path, metavar="PLAN_DIR")
     _plan_args(p)
     p.add_argument("--inputs", type=_path, help="inputs as .npz (default: seeded random inputs)")
     p.add_argument("--output", type=_path, help="write the outputs as .npz")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_at_least(0), default=0)
     _output_args(p)
 
     p = sub.add_parser(
@@ -186,9 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a plan and its oracle (ONNX Runtime on the source model, or the reference executor "
         "on the primitive graph for plans made from PyTorch) on the same inputs and compare",
     )
-    p.add_argument("plan", metavar="PLAN_DIR")
+    p.add_argument("plan", type=_path, metavar="PLAN_DIR")
     _plan_args(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_at_least(0), default=0)
     p.add_argument(
         "--tolerance",
         type=_at_least(0.0, float),
@@ -197,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _output_args(p)
 
     p = sub.add_parser("bench", help="time a plan against its peers, interleaved")
-    p.add_argument("target", metavar="MODEL.onnx|PLAN_DIR")
+    p.add_argument("target", type=_path, metavar="MODEL.onnx|PLAN_DIR")
     _plan_args(p)
     p.add_argument(
         "--vs",
@@ -216,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     _output_args(p)
 
     p = sub.add_parser("explain", help="what a plan chose and why: kernels, alternatives, graph")
-    p.add_argument("plan", metavar="PLAN_DIR")
+    p.add_argument("plan", type=_path, metavar="PLAN_DIR")
     p.add_argument("--html", type=_path, metavar="FILE", help="also write a self-contained HTML report")
     _output_args(p)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from korch.errors import KorchError
+from korch.errors import KorchError, cannot_create
 from korch.ir import Graph, Node, freeze_attr, verify
 from korch.prims import Prim, TensorType, from_npy
 
@@ -91,18 +91,31 @@ def graph_to_json(
 
 
 def save_graph(graph: Graph, path: str | os.PathLike) -> list[Path]:
-    """Write PATH (JSON) and, when needed, PATH with suffix .npz; each file appears atomically."""
+    """Write PATH (JSON) and, when needed, PATH with suffix .npz; each file appears atomically.
+    A path that cannot be written is a KorchError saying why."""
     path = Path(path)
+    check_graph_target(path)
     doc, big = graph_to_json(graph)
     written = []
-    if big:
-        npz = path.with_suffix(".npz")
-        doc["arrays"] = npz.name
-        _atomic_write(npz, lambda f: np.savez(f, **big))
-        written.append(npz)
-    _atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+    try:
+        if big:
+            npz = path.with_suffix(".npz")
+            doc["arrays"] = npz.name
+            atomic_write(npz, lambda f: np.savez(f, **big))
+            written.append(npz)
+        atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+    except OSError as e:
+        raise KorchError(f"cannot write {path} ({cannot_create(path.parent, e)})") from None
     written.insert(0, path)
     return written
+
+
+def check_graph_target(path: Path) -> None:
+    """Refuse a path save_graph could never write (before the work that makes the graph)."""
+    if path.is_dir():
+        raise KorchError(f"{path}: is a directory; name the .json file to write")
+    if path.suffix == ".npz":  # (the JSON would replace its own constants)
+        raise KorchError(f"{path}: the graph is written as JSON, its large constants beside it as .npz")
 
 
 def new_file_mode() -> int:
@@ -113,13 +126,17 @@ def new_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """Call write(f) on a new file beside `path`, then rename it over `path`: a failure (or a
+    crash) leaves whatever was there, and a file hard-linked there is replaced, not changed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.chmod(tmp, new_file_mode())
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+            f.flush()
+            os.fsync(f.fileno())  # (the data is on disk before the name points at it)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -4,6 +4,7 @@ as a self-contained directory (written to a temporary name, then renamed) and lo
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -20,11 +21,13 @@ from korch.errors import KorchError
 from korch.graph_io import graph_to_json, load_graph_json
 from korch.ir import Graph
 from korch.kernel import KernelSpec, kernel_graph_json
-from korch.plan_check import MANIFEST, check_manifest, check_versions, write_manifest
+from korch.plan_check import MANIFEST, check_graph, check_plan, check_versions, write_manifest
+from korch.plan_files import PlanFiles, PlanReplaced, exchange
 from korch.prims import TensorType, from_npy
 
 FORMAT = "korch.plan/1"
 PLAN_FILES = ("plan.json", "weights.npz", "graph.json", "model.onnx", MANIFEST)  # all save writes
+LOAD_TRIES = 5  # loads of a plan that other processes keep replacing
 
 log = logging.getLogger("korch")
 
@@ -150,50 +153,23 @@ class Plan:
 
     @staticmethod
     def load(directory: str | os.PathLike, allow_mismatch: bool = False) -> Plan:
-        """Load a plan; damaged plans and plans built with other versions (korch, torch,
-        onnxruntime, the kernels' backends, the device) are refused unless `allow_mismatch`."""
+        """Load a plan; damaged or inconsistent plans and plans built with other versions (korch,
+        torch, onnxruntime, the kernels' backends, the device) are refused unless
+        `allow_mismatch` (versions only). Every file is read once, checked against the manifest,
+        and parsed from the bytes checked; a plan replaced meanwhile is read again, whole."""
         directory = Path(directory)
-        try:
-            doc = json.loads((directory / "plan.json").read_text())
-        except FileNotFoundError:
-            if not directory.exists():
-                raise KorchError(f"{directory}: no such plan directory") from None
-            raise KorchError(f"{directory}: not a plan directory (no plan.json)") from None
-        except (OSError, ValueError) as e:
-            raise KorchError(f"{directory}: unreadable plan ({e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-            raise KorchError(f"{directory}: not a korch plan (format {found!r})")
-        digests = check_manifest(directory)
-        try:
-            with np.load(directory / "weights.npz") as npz:  # each array read once, shared
-                arrays = {key: from_npy(npz[key]) for key in npz.files}
-            weights = {name: np.asarray(arrays[key]) for name, key in doc["weights"].items()}
-            model_bytes = (directory / "model.onnx").read_bytes() if "model.onnx" in digests else b""
-            model = _load_model(model_bytes) if model_bytes else None
-            blobs = {digests["model.onnx"]: model_bytes} if model_bytes else {}
-            kernels = [_kernel_from_json(k, blobs) for k in doc["kernels"]]
-            inputs = [(i["name"], TensorType(tuple(i["shape"]), i["dtype"])) for i in doc["inputs"]]
-            outputs = [(o["value"], o["name"]) for o in doc["outputs"]]
-            plan = Plan(
-                inputs,
-                outputs,
-                kernels,
-                weights,
-                str(doc["device"]),
-                float(doc["predicted_ms"]),
-                dict(doc.get("meta", {})),
-            )
-        except KorchError:
-            raise
-        except Exception as e:
-            raise KorchError(f"{directory}: corrupt plan ({type(e).__name__}: {e})") from None
-        backends = {k.backend for k in kernels}
-        check_versions(directory, plan.meta, plan.device, backends, allow_mismatch)
-        if (directory / "graph.json").exists():
-            plan.graph = _load_graph(directory / "graph.json", arrays)
-        plan.model = model
-        return plan
+        for _ in range(LOAD_TRIES):
+            try:
+                with PlanFiles(directory) as files:
+                    text = files.read("plan.json")
+                    doc = _plan_doc(directory, text)  # (a directory that is no plan says so first)
+                    data, digests = files.sealed({"plan.json": text})
+                break
+            except PlanReplaced:
+                continue
+        else:
+            raise KorchError(f"{directory}: replaced again and again while it was read; load it again")
+        return _plan_from(directory, doc, data, digests, allow_mismatch)
 
     # ------------------------------------------------------------- checking
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
@@ -286,7 +262,11 @@ def _is_cwd(path: Path) -> bool:
 
 
 def _swap(tmp: Path, target: Path) -> None:
-    """Put the plan written in `tmp` where the plan `target` is, then remove the old one's files."""
+    """Put the plan written in `tmp` where the plan `target` is, then remove the old one's files.
+    In one step where the system can: `target` then always names a whole plan, old or new."""
+    if exchange(tmp, target):
+        _remove_plan_files(tmp)  # the old plan, now under the temporary name
+        return
     old = _fresh_sibling(target, "old")  # reserved: the rename replaces only this empty directory
     try:
         os.replace(target, old)
@@ -349,18 +329,63 @@ def _remove_dead_temporaries(directory: Path) -> None:
             continue  # alive under another user
 
 
+def _plan_doc(directory: Path, text: bytes | None) -> dict:
+    """plan.json's document, refused unless it is a korch plan's."""
+    if text is None:
+        raise KorchError(f"{directory}: not a plan directory (no plan.json)")
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise KorchError(f"{directory}: unreadable plan ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise KorchError(f"{directory}: not a korch plan (format {found!r})")
+    return doc
+
+
+def _plan_from(directory: Path, doc: dict, data: dict, digests: dict, allow_mismatch: bool) -> Plan:
+    """The plan the checked files describe, refused where its parts disagree (plan_check.check_plan)."""
+    model_bytes = data.get("model.onnx", b"")
+    try:
+        with np.load(io.BytesIO(data["weights.npz"])) as npz:  # each array read once, shared
+            arrays = {key: from_npy(npz[key]) for key in npz.files}
+        weights = {name: np.asarray(arrays[key]) for name, key in doc["weights"].items()}
+        model = _load_model(model_bytes) if model_bytes else None
+        blobs = {digests["model.onnx"]: model_bytes} if model_bytes else {}
+        kernels = [_kernel_from_json(i, k, blobs) for i, k in enumerate(doc["kernels"])]
+        inputs = [(i["name"], TensorType(tuple(i["shape"]), i["dtype"])) for i in doc["inputs"]]
+        outputs = [(o["value"], o["name"]) for o in doc["outputs"]]
+        meta = dict(doc.get("meta", {}))
+        plan = Plan(inputs, outputs, kernels, weights, str(doc["device"]), float(doc["predicted_ms"]), meta)
+    except KorchError as e:
+        raise KorchError(f"{directory}: corrupt plan ({e})") from None
+    except Exception as e:
+        raise KorchError(f"{directory}: corrupt plan ({type(e).__name__}: {e})") from None
+    check_versions(directory, plan.meta, plan.device, {k.backend for k in kernels}, allow_mismatch)
+    plan.model = model
+    _consistent(directory, check_plan, plan, model_bytes)  # before the graph: a kernel names it best
+    if "graph.json" in data:
+        plan.graph = _load_graph(directory / "graph.json", data["graph.json"], arrays)
+        _consistent(directory, check_graph, plan, plan.graph)
+    return plan
+
+
+def _consistent(directory: Path, check, *args) -> None:
+    try:
+        check(*args)
+    except KorchError as e:
+        raise KorchError(f"{directory}: inconsistent plan: {e}") from None
+
+
 def _load_model(data: bytes):
     from korch.frontend.onnx_import import load_model
 
-    try:
-        return load_model(data, "model.onnx")
-    except KorchError as e:
-        raise KorchError(f"corrupt plan: {e}") from None
+    return load_model(data, "model.onnx")
 
 
-def _load_graph(path: Path, arrays) -> Graph:
+def _load_graph(path: Path, text: bytes, arrays) -> Graph:
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(text)
         return load_graph_json(doc, {v: arrays[key] for v, key in doc.pop("arrays", {}).items()})
     except KorchError as e:
         raise KorchError(f"{path}: {e}") from None
@@ -383,10 +408,25 @@ def _kernel_to_json(k: PlanKernel, source: dict[str, bytes]) -> dict:
     }
 
 
-def _kernel_from_json(d: dict, blobs: dict[str, bytes]) -> PlanKernel:
-    graph = load_graph_json(d["graph"], blobs=blobs)
-    spec = KernelSpec(d["key"], graph, tuple(d["inputs"]), tuple(d["outputs"]))
-    return PlanKernel(d["backend"], spec, d["cost_ms"], tuple(d["nodes"]), tuple(d["free_after"]))
+def _kernel_from_json(i: int, d: dict, blobs: dict[str, bytes]) -> PlanKernel:
+    try:
+        graph = load_graph_json(d["graph"], blobs=blobs)
+        spec = KernelSpec(str(d["key"]), graph, _names(d, "inputs"), _names(d, "outputs"))
+        nodes = tuple(int(n) for n in d["nodes"])
+        return PlanKernel(str(d["backend"]), spec, float(d["cost_ms"]), nodes, _names(d, "free_after"))
+    except KeyError as e:
+        raise KorchError(f"kernel {i} has no {e.args[0]!r}") from None
+    except KorchError as e:
+        raise KorchError(f"kernel {i}: {e}") from None
+    except Exception as e:
+        raise KorchError(f"kernel {i}: {type(e).__name__}: {e}") from None
+
+
+def _names(d: dict, key: str) -> tuple[str, ...]:
+    names = d[key]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise KorchError(f"its {key} is not a list of value names")
+    return tuple(names)
 
 
 def lifetimes(kernels: list[PlanKernel], outputs: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""Plan integrity: the manifest of file checksums written last, and the versions a plan was built with."""
+"""Plan integrity: the manifest of file checksums, the versions a plan was built with, and whether its
+parts agree (every kernel's inputs, weights and outputs)."""
 
 from __future__ import annotations
 
@@ -34,35 +35,6 @@ def write_manifest(directory: Path, known: dict[str, str] | None = None) -> None
         },
     }
     (directory / MANIFEST).write_text(json.dumps(doc, indent=1))
-
-
-def check_manifest(directory: Path) -> dict[str, str]:
-    """Refuse a plan directory whose files are missing, truncated or changed since it was written;
-    file name -> sha256 of every file it holds."""
-    try:
-        doc = json.loads((directory / MANIFEST).read_text())
-        files = doc["files"]
-        if doc.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
-            raise ValueError("unknown manifest format")
-    except FileNotFoundError:
-        raise KorchError(f"{directory}: incomplete plan (no {MANIFEST}); write it again") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise KorchError(f"{directory}: damaged plan ({MANIFEST} unreadable: {e})") from None
-    for name, want in files.items():
-        path = directory / name
-        if not path.is_file():
-            raise KorchError(f"{directory}: damaged plan ({name} is missing)")
-        try:
-            size, digest = want["bytes"], want["sha256"]
-        except (KeyError, TypeError):
-            raise KorchError(f"{directory}: damaged plan ({MANIFEST} entry for {name})") from None
-        if path.stat().st_size != size:
-            raise KorchError(
-                f"{directory}: damaged plan ({name} has {path.stat().st_size} bytes, expected {size})"
-            )
-        if _sha256(path) != digest:
-            raise KorchError(f"{directory}: damaged plan ({name} does not match its checksum)")
-    return {name: want["sha256"] for name, want in files.items()}
 
 
 def current_versions(backends: set[str]) -> dict[str, str]:
@@ -115,3 +87,136 @@ def check_versions(
     if not allow_mismatch:
         raise KorchError(f"{message}; optimize again, or pass --allow-version-mismatch")
     log.warning("warning: %s; loading it anyway", message)
+
+
+# ------------------------------------------------------------------------ consistency
+
+
+def check_plan(plan, source: bytes = b"") -> None:
+    """Refuse a plan whose parts disagree (edited by hand and resealed, or written by a buggy
+    korch), naming the first inconsistency: every value a kernel reads is a plan input, a weight
+    or an earlier kernel's output, still alive, of the type the kernel's graph declares; a value
+    written twice has one type; every output exists at the end; the source model takes the same
+    inputs and gives the same outputs; no kernel's model keeps data in another file (`source`:
+    model.onnx's bytes, checked already)."""
+    alive = _sources(plan)
+    producer = {}  # value -> the first kernel that writes it
+    for i, k in enumerate(plan.kernels):
+        for v in k.spec.outputs:
+            producer.setdefault(v, i)
+    freed: dict[str, int] = {}
+    written: dict[str, tuple[int, object]] = {}  # value -> (the kernel that wrote it, its type)
+    inputs = {name for name, _ in plan.inputs}
+    for i, k in enumerate(plan.kernels):
+        _check_reads(i, k, alive, freed, producer)
+        _check_writes(i, k, alive, written, plan.weights, inputs)
+        for v in k.free_after:
+            if v not in plan.weights and alive.pop(v, None) is not None:  # (weights live on)
+                freed[v] = i
+    names = [name for _, name in plan.outputs]
+    for value, name in plan.outputs:
+        if names.count(name) > 1:
+            raise KorchError(f"plan output name {name!r} is listed twice")
+        if value not in alive:
+            when = f"freed by kernel {freed[value]}" if value in freed else "never produced"
+            raise KorchError(f"plan output {name!r} (value {value!r}) is {when}")
+    _check_embedded_models([(f"kernel {i}", k.spec.graph) for i, k in enumerate(plan.kernels)], source)
+    if plan.model is not None:
+        _check_against_model(plan, plan.model)
+
+
+def check_graph(plan, graph) -> None:
+    """The plan's primitive graph (graph.json, for reports and the reference executor) takes the
+    plan's inputs and gives its outputs, and its opaque operators' models hold all their data."""
+    inputs = [(v, graph.types[v]) for v in graph.inputs]
+    if list(plan.inputs) != inputs:
+        raise KorchError(f"the plan's inputs {_listed(plan.inputs)} are not its graph's {_listed(inputs)}")
+    outputs = list(zip(graph.outputs, graph.output_names))
+    if list(plan.outputs) != outputs:
+        raise KorchError(f"the plan's outputs {plan.outputs} are not its graph's {outputs}")
+    _check_embedded_models([("the primitive graph", graph)], b"")
+
+
+def _sources(plan) -> dict:
+    """value -> type of what the plan starts with: its inputs and weights."""
+    from korch.prims import TensorType
+
+    alive = {}
+    for name, t in plan.inputs:
+        if name in alive:
+            raise KorchError(f"plan input {name!r} is listed twice")
+        alive[name] = t
+    for name, array in plan.weights.items():
+        if name in alive:
+            raise KorchError(f"weight {name!r} has the name of a plan input")
+        alive[name] = TensorType.of(array)
+    return alive
+
+
+def _check_reads(i: int, k, alive: dict, freed: dict, producer: dict) -> None:
+    graph = k.spec.graph
+    if len(k.spec.inputs) != len(graph.inputs) or len(k.spec.outputs) != len(graph.outputs):
+        raise KorchError(
+            f"kernel {i} names {len(k.spec.inputs)} inputs and {len(k.spec.outputs)} outputs; its graph "
+            f"takes {len(graph.inputs)} and gives {len(graph.outputs)}"
+        )
+    for v, inner in zip(k.spec.inputs, graph.inputs):
+        if v in freed:
+            raise KorchError(f"kernel {i} reads {v!r} after kernel {freed[v]} freed it")
+        if v not in alive:
+            later = producer.get(v)
+            if later is not None and later >= i:
+                raise KorchError(f"kernel {i} reads {v!r} before kernel {later} produces it")
+            raise KorchError(f"kernel {i} reads {v!r}, which is no plan input, weight or kernel output")
+        if alive[v] != graph.types[inner]:
+            raise KorchError(f"kernel {i} reads {v!r} as {graph.types[inner]}, but it is {alive[v]}")
+
+
+def _check_writes(i: int, k, alive: dict, written: dict, weights, inputs: set) -> None:
+    """A value may be written again (two chosen multi-output kernels may share an output: the same
+    value, computed twice), never as another type, and never over a plan input or weight."""
+    graph = k.spec.graph
+    for v, inner in zip(k.spec.outputs, graph.outputs):
+        if v in weights or v in inputs:
+            raise KorchError(f"kernel {i} writes {v!r}, a plan {'weight' if v in weights else 'input'}")
+        t = graph.types[inner]
+        first, before = written.setdefault(v, (i, t))
+        if before != t:
+            raise KorchError(f"kernel {i} writes {v!r} as {t}, but kernel {first} wrote it as {before}")
+        alive[v] = t
+
+
+def _check_embedded_models(graphs, source: bytes) -> None:
+    """The one-node models of opaque primitives in `graphs` ((where, graph) pairs) may keep no
+    tensor in another file: ONNX Runtime would read it relative to the current folder. (The source
+    model that a kernel runs whole is model.onnx, `source`, checked when it was loaded.)"""
+    import onnx
+
+    from korch.frontend.onnx_external import refuse_external_data
+    from korch.prims import Prim
+
+    for where, graph in graphs:
+        for node in graph.nodes:
+            blob = dict(node.attrs).get("model") if node.prim is Prim.OPAQUE else None
+            if not isinstance(blob, bytes) or blob is source or blob == source:
+                continue
+            try:
+                model = onnx.load_from_string(blob)
+            except Exception as e:  # protobuf raises assorted types on damaged bytes
+                raise KorchError(f"{where}: its operator's model is not ONNX ({type(e).__name__})") from None
+            refuse_external_data(model, f"{where}'s model")
+
+
+def _check_against_model(plan, model) -> None:
+    """By name: what verify feeds the source model and compares its outputs by."""
+    initialized = {t.name for t in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initialized]
+    if [n for n, _ in plan.inputs] != inputs:
+        raise KorchError(f"the plan's inputs {[n for n, _ in plan.inputs]} are not model.onnx's {inputs}")
+    outputs = [o.name for o in model.graph.output]
+    if [n for _, n in plan.outputs] != outputs:
+        raise KorchError(f"the plan's outputs {[n for _, n in plan.outputs]} are not model.onnx's {outputs}")
+
+
+def _listed(values) -> str:
+    return "[" + ", ".join(f"{n}: {t}" for n, t in values) + "]"

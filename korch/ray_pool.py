@@ -44,7 +44,8 @@ class RayPool:
         pending, left = list(reversed(jobs)), []
         if self.slots < 1:
             for job in jobs:
-                on_result(job, {"status": "failed", "reason": "the Ray cluster has no GPU for this job"})
+                reason = "the Ray cluster has no GPU for this job"
+                on_result(job, {"status": "failed", "reason": reason, "environmental": True})
             return left
         in_flight: dict = {}  # object ref -> (job, submitted at)
         while pending or in_flight:
@@ -64,7 +65,7 @@ class RayPool:
                     self.ray.cancel(ref, force=True)
                     del in_flight[ref]
                     reason = f"timed out (or never scheduled) after {timeout:.0f}s"
-                    on_result(job, {"status": "failed", "reason": reason})
+                    on_result(job, {"status": "failed", "reason": reason, "environmental": True})
         return left
 
     def _portable(self, job: dict) -> dict:
@@ -82,7 +83,9 @@ class RayPool:
             return self.ray.get(ref)
         except Exception as e:  # the worker died (a crashing kernel) or the task was lost
             line = first_line(e, 200)
-            return {"status": "failed", "reason": f"Ray worker failed: {type(e).__name__}: {line}"}
+            reason = f"Ray worker failed: {type(e).__name__}: {line}"
+            # (the cluster's failure, not the kernel's: a later run profiles it again)
+            return {"status": "failed", "reason": reason, "environmental": True}
 
     def close(self) -> None:
         if self.started_here:

@@ -9,6 +9,7 @@ workers (close), so the workers ignore it, as they would otherwise each print a 
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing as mp
 import os
 import signal
@@ -61,6 +62,30 @@ def compile_threads(threads: int | None):
         config.compile_threads = before
 
 
+# what allocators and compilers say when memory or disk runs out (torch's CPU and CUDA allocators,
+# ONNX Runtime's arena, a C++ std::bad_alloc, a full disk under Inductor's cache)
+_OUT_OF_ROOM = (
+    "out of memory",
+    "can't allocate memory",
+    "failed to allocate memory",
+    "bad_alloc",
+    "bad allocation",
+    "no space left on device",
+)
+
+
+def environmental(error: BaseException) -> bool:
+    """Whether an error from compiling or running a kernel is the machine's (memory or disk ran
+    out), not the kernel's: korch.profile_db then counts it instead of keeping it, and a later
+    run profiles the kernel again."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":  # (torch's)
+        return True
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+        return True
+    text = str(error).lower()
+    return any(words in text for words in _OUT_OF_ROOM)
+
+
 def _serve(conn, threads: int, run: Callable[[dict], dict]) -> None:
     # (workers are born ignoring Ctrl-C, see start_process, except those of a pool started
     # outside the main thread, where a process cannot change its signal handlers)
@@ -74,8 +99,9 @@ def _serve(conn, threads: int, run: Callable[[dict], dict]) -> None:
                 _leave()
             try:
                 conn.send(run(job))
-            except Exception:
-                conn.send({"status": "failed", "reason": traceback.format_exc(limit=1)[-240:]})
+            except Exception as e:
+                reason = traceback.format_exc(limit=1)[-240:]
+                conn.send({"status": "failed", "reason": reason, "environmental": environmental(e)})
 
 
 def _leave() -> None:
@@ -107,13 +133,16 @@ class _Worker:
 class WorkerPool:
     """`size` worker processes of `threads` threads each, running `run(job) -> result` (a
     module-level function, so that a spawned worker can import it). A worker that dies or
-    overruns is replaced and its job recorded as failed."""
+    overruns is replaced and its job recorded as failed, a failure of the machine ("environmental":
+    korch.profile_db profiles it again later); one found dead when handed a job is replaced, and
+    the job goes to the next worker."""
 
     def __init__(self, size: int, threads: int, run: Callable[[dict], dict]):
         self.ctx = mp.get_context("spawn")
         self.size, self.threads, self.run_job = size, threads, run
         self.workers: list[_Worker] = []
         self.lost_starting = 0  # workers lost before they were ready
+        self.unsent = 0  # jobs in a row that could not be sent: their workers were dead
         self.ever_ready = False
 
     def _spawn(self) -> _Worker:
@@ -139,16 +168,31 @@ class WorkerPool:
         while pending or any(w.job is not None for w in self.workers):
             if pending and stop_at is not None and time.time() > stop_at:
                 left, pending = pending[::-1], []
-            for w in self.workers:
-                if w.job is None and pending:
-                    w.job, w.started = pending.pop(), time.time()
-                    w.conn.send(w.job)  # (a worker still starting reads it once ready)
+            for i in range(len(self.workers)):
+                while self.workers[i].job is None and pending:
+                    self._hand_over(i, pending)
             busy = [w for w in self.workers if w.job is not None]
             ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=1.0)
             for i, w in enumerate(self.workers):
                 if w.job is not None and not self._receive(w, ready, on_result):
                     self._check(i, w, ready, timeout, on_result)
         return left
+
+    def _hand_over(self, i: int, pending: list) -> None:
+        """Send worker i the next job (a worker still starting reads it once ready). A worker that
+        died before it (killed while idle, as by the OOM killer between chunks, or dead while
+        starting) cannot take it: the send fails, the worker is replaced, and the job, which
+        never ran, waits for the next one; nothing is recorded about it."""
+        w, job = self.workers[i], pending.pop()
+        try:
+            w.conn.send(job)
+        except OSError:  # (BrokenPipeError, ConnectionResetError: its end of the pipe is closed)
+            pending.append(job)
+            w.proc.join(timeout=1.0)  # (dead, or about to be: its end of the pipe is closed)
+            self.unsent += 1
+            self._replace(i, w, f"worker died (exit code {w.proc.exitcode})")
+            return
+        w.job, w.started, self.unsent = job, time.time(), 0
 
     def _receive(self, w: _Worker, ready, on_result) -> bool:
         """Whether w sent something: that it is ready (its job's clock starts) or a result."""
@@ -180,15 +224,25 @@ class WorkerPool:
             reason = f"worker not ready after {STARTUP_S:.0f}s"
         else:
             return
-        w.proc.kill()
-        w.proc.join()
-        outcome = {"status": "failed", "reason": reason}
+        # the machine's failure, not the kernel's: a later run profiles it again (korch.profile_db)
+        outcome = {"status": "failed", "reason": reason, "environmental": True}
         if not w.ready:
             outcome["startup"] = True
+        job = w.job
+        self._replace(i, w, reason)
+        on_result(job, outcome)
+
+    def _replace(self, i: int, w: _Worker, reason: str) -> None:
+        """A fresh worker in w's place. When workers are lost while starting and none ever got
+        ready (or, after some did, the last few died before they could take a job), a one-line
+        error ends the run instead of every kernel "failing", or of a run that never ends."""
+        w.proc.kill()
+        w.proc.join()
+        if not w.ready:
             self.lost_starting += 1
-            if not self.ever_ready and self.lost_starting >= STARTUP_FAILURES:
+            never = not self.ever_ready and self.lost_starting >= STARTUP_FAILURES
+            if never or self.unsent >= STARTUP_FAILURES:
                 raise KorchError(f"profiling workers cannot start: {reason} (their messages are above)")
-        on_result(w.job, outcome)
         self.workers[i] = self._spawn()
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ def test_a_workers_start_does_not_count_against_its_jobs_time_limit():
 
 def test_a_job_that_overruns_fails_and_the_next_runs_on_a_new_worker():
     results, _ = run([{"n": 1, "nap": 30.0}, {"n": 2}], timeout=2.5)
-    assert results[0] == {"status": "failed", "reason": "timed out after 2s"}
+    assert results[0] == {"status": "failed", "reason": "timed out after 2s", "environmental": True}
     assert results[1] == {"status": "ok", "n": 2}
 
 
@@ -79,7 +79,8 @@ def test_workers_that_cannot_start_end_the_run_with_one_line():
             pool.run([{"n": i} for i in range(5)], 60, lambda job, result: results.append(result))
     finally:
         pool.close()
-    assert results == [{"status": "failed", "reason": "worker died (exit code 1)", "startup": True}] * 2
+    lost = {"status": "failed", "reason": "worker died (exit code 1)", "environmental": True, "startup": True}
+    assert results == [lost] * 2
 
 
 def test_idle_workers_leave_at_once_without_the_interpreters_teardown(tmp_path):

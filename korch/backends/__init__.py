@@ -99,9 +99,16 @@ def get_backends(names: list[str] | None = None, device: str = "cpu") -> list[Ba
     if not names:
         kind = "cuda" if device.startswith("cuda") else "cpu"
         return [b for b in known.values() if b.selectable and kind in b.default_on]
+    choices = ", ".join(n for n, b in known.items() if b.selectable)
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise KorchError(f"unknown backends {unknown}; known: {', '.join(known)}")
+        raise KorchError(f"unknown backends {unknown}; known: {choices}")
+    oracles = [n for n in names if not known[n].selectable]
+    if oracles:  # a plan checked against its own kernels would check nothing
+        raise KorchError(
+            f"{oracles[0]} is korch's oracle (the numpy executor every kernel is checked against), "
+            f"not a backend to optimize with; choose from {choices}"
+        )
     return [known[n] for n in names]
 
 

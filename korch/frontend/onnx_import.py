@@ -18,6 +18,7 @@ from korch.check import integer_division
 from korch.errors import KorchError, Unsupported, error_line
 from korch.frontend.lowering import DEFAULT_DOMAINS, Attributes, Lowering, OnnxNode, find_rule
 from korch.frontend.onnx_control import CONTROL_FLOW
+from korch.frontend.onnx_external import read_external_data, refuse_external_data
 from korch.frontend.onnx_pins import MAX_TENSOR_BYTES, input_types, pin_shapes, pin_values
 from korch.frontend.onnx_types import onnx_dtype, to_onnx_dtype
 from korch.ir import Graph, GraphBuilder, verify
@@ -50,15 +51,20 @@ def load_model(source: str | os.PathLike | onnx.ModelProto | bytes, name: str = 
     else:
         label = (name or "the model") if isinstance(source, bytes) else Path(source)
         if not isinstance(source, bytes) and not label.is_file():
-            raise KorchError(
-                f"{label}: {'a directory, not an ONNX file' if label.is_dir() else 'no such file'}"
-            )
+            raise KorchError(f"{label}: {_not_a_file(label)}")
         try:
-            model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(label))
+            if isinstance(source, bytes):
+                model = onnx.load_from_string(source)
+            else:  # its external data read below, only from inside its folder
+                model = onnx.load(str(label), load_external_data=False)
         except (DecodeError, ValueError, RuntimeError, OSError, UnicodeDecodeError) as e:
             raise KorchError(f"{label}: not a valid ONNX model ({error_line(e)})") from None
         except Exception as e:  # protobuf raises assorted types on random bytes
             raise KorchError(f"{label}: not a valid ONNX model ({type(e).__name__})") from None
+    if isinstance(source, (str, os.PathLike)):
+        read_external_data(model, Path(source))
+    else:
+        refuse_external_data(model, name or "the model")
     if not model.HasField("graph") or not model.graph.node and not model.graph.output:
         raise KorchError("the file holds no ONNX graph")
     checked = _as_onnx_knows_it(skeleton(model))
@@ -73,6 +79,13 @@ def load_model(source: str | os.PathLike | onnx.ModelProto | bytes, name: str = 
         if "is deprecated" not in str(e):
             raise KorchError(f"invalid ONNX model: {error_line(e)}") from None
     return model
+
+
+def _not_a_file(path: Path) -> str:
+    """Why `path`, which is no regular file, is no model (a FIFO or device would never end)."""
+    if path.is_dir():
+        return "a directory, not an ONNX file"
+    return "not a regular file, not an ONNX file" if path.exists() else "no such file"
 
 
 # operators whose output shapes depend on their inputs' values: a plan of static kernels cannot hold

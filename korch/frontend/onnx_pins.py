@@ -4,6 +4,7 @@ fixed ones), and values that make inputs constants of the model."""
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping
 
 import numpy as np
@@ -12,7 +13,9 @@ from onnx import numpy_helper
 
 from korch.errors import KorchError, ShapeError, error_line
 from korch.frontend.onnx_types import onnx_dtype
-from korch.prims import TensorType
+from korch.prims import FLOAT_DTYPES, INT_DTYPES, TensorType
+
+log = logging.getLogger("korch")
 
 MAX_TENSOR_BYTES = 2**36  # no value may be larger: more than any machine korch runs on holds
 
@@ -52,7 +55,26 @@ def input_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -
         if t.nbytes > MAX_TENSOR_BYTES:
             raise KorchError(f"input {name!r} of shape {list(t.shape)} is too large ({t.nbytes} bytes)")
     _check_initializer_defaults(model)
+    _warn_frozen_inputs([i.name for i in model.graph.input if i.name in initializers])
     return types
+
+
+def _warn_frozen_inputs(names: list[str]) -> None:
+    """ONNX Runtime lets a caller feed an input that has an initializer, the initializer being
+    its default; korch compiles the default in, so the plan does not take the input. Said on one
+    line (old exporters list every weight as an input)."""
+    if len(names) == 1:
+        log.warning(
+            f"warning: input {names[0]!r} has an initializer: korch compiles its value in as a constant "
+            "(what ONNX Runtime uses when it is not fed); the plan does not take it"
+        )
+    elif names:
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        log.warning(
+            f"warning: inputs {', '.join(map(repr, names[:3]))}{more} have initializers: korch compiles "
+            "their values in as constants (what ONNX Runtime uses when they are not fed); the plan does "
+            "not take them"
+        )
 
 
 def pin_values(model: onnx.ModelProto, values: Mapping[str, object], shapes, owned: bool) -> onnx.ModelProto:
@@ -77,21 +99,57 @@ def pin_values(model: onnx.ModelProto, values: Mapping[str, object], shapes, own
             shape = tuple(d.dim_value for d in tt.shape.dim)
         else:
             raise ShapeError(f"the value of {name!r} needs its shape: pin it too, e.g. {PIN_HELP}")
-        dtype = onnx_dtype(tt.elem_type)
-        try:
-            given = np.asarray(value)
-            array = np.broadcast_to(given, shape).astype(dtype)
-        except (TypeError, ValueError) as e:
-            raise ShapeError(
-                f"value of {name!r}: not a {dtype} array of shape {list(shape)} ({error_line(e)})"
-            ) from None
-        # a float rounds to a float type; a bool or an integer must hold the value (2 is no bool)
-        whole = array.dtype.kind in "biu" and given.dtype.kind in "biuf"
-        if whole and not np.array_equal(array, np.broadcast_to(given, shape)):
-            raise ShapeError(f"value of {name!r}: {given.tolist()!r} is not a {dtype}")
+        array = _value_array(name, value, shape, onnx_dtype(tt.elem_type))
         pinned.graph.initializer.append(numpy_helper.from_array(array, name))
         pinned.graph.input.remove(inp)
     return pinned
+
+
+def _value_array(name: str, value, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A pinned value cast to its input's dtype, refused where the cast would change it: a bool or
+    an integer must hold it exactly (2 is no bool, 1.5 and NaN no int, 2**40 no int32), and a float
+    must not overflow to infinity (a float otherwise rounds to its type)."""
+    try:
+        # (a Python int past 64 bits is no numpy number; as a float it may fit)
+        given = np.asarray(float(value) if _is_int(value) and dtype in FLOAT_DTYPES else value)
+        if given.dtype.hasobject:
+            raise TypeError(f"{type(value).__name__} is not a number")
+        with np.errstate(all="ignore"):  # what the cast breaks is refused below, not warned about
+            array = np.broadcast_to(given, shape).astype(dtype)
+    except (TypeError, ValueError, OverflowError) as e:
+        if _is_int(value) and dtype in (*INT_DTYPES, *FLOAT_DTYPES):
+            limits = f" {_int_range(dtype)}" if dtype in INT_DTYPES else ""
+            raise ShapeError(
+                f"value of {name!r}: {_digits(value)} is out of {dtype}'s range{limits}"
+            ) from None
+        raise ShapeError(
+            f"value of {name!r}: not a {dtype} array of shape {list(shape)} ({error_line(e)})"
+        ) from None
+    wanted = np.broadcast_to(given, shape)
+    if array.dtype.kind in "biu" and given.dtype.kind in "biuf" and not np.array_equal(array, wanted):
+        shown = given.tolist()
+        if dtype in INT_DTYPES and given.dtype.kind in "iu":
+            raise ShapeError(f"value of {name!r}: {shown!r} is out of {dtype}'s range {_int_range(dtype)}")
+        raise ShapeError(f"value of {name!r}: {shown!r} is not a {dtype}")
+    if dtype in FLOAT_DTYPES and given.dtype.kind in "biuf":
+        overflow = np.isfinite(wanted) & ~np.isfinite(array.astype(np.float64))
+        if overflow.any():
+            raise ShapeError(f"value of {name!r}: {given.tolist()!r} is out of {dtype}'s range")
+    return array
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _digits(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+
+
+def _int_range(dtype: str) -> str:
+    info = np.iinfo(dtype)
+    return f"[{info.min}, {info.max}]"
 
 
 def _pinned_shape(inp: onnx.ValueInfoProto, pin) -> tuple[int, ...]:
