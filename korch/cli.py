@@ -32,9 +32,15 @@ def _emit(args, payload: dict, human: str) -> None:
 
 def cmd_fission(args) -> int:
     import korch
-    from korch.graph_io import save_graph
+    from korch.graph_io import check_graph_target, save_graph
+    from korch.run_files import refuse_inside_plan
     from korch.tolerance import graph_tolerance
 
+    if args.output:  # refused before any work, as optimize's -o is
+        check_graph_target(Path(args.output))
+        refuse_inside_plan(Path(args.output), "-o")
+        _check_not_the_model(Path(args.output), args.model)
+        _check_writable(Path(args.output))
     start = time.perf_counter()
     result = korch.fission(args.model, shapes=_shapes(args), values=_values(args), strict=args.strict)
     seconds = time.perf_counter() - start
@@ -73,6 +79,17 @@ def cmd_fission(args) -> int:
     return 0
 
 
+def _check_not_the_model(output: Path, model) -> None:
+    """fission -o writes OUTPUT and OUTPUT.npz: neither may be the model itself, under any name."""
+    for path in (output, output.with_suffix(".npz")):
+        try:
+            same = os.path.samefile(path, model)
+        except OSError:  # one of them does not exist: nothing to overwrite
+            continue
+        if same:
+            raise KorchError(f"-o {output}: would overwrite the model {model}")
+
+
 def cmd_candidates(args) -> int:
     import korch
     from korch.candidates import CandidateOptions, enumerate_candidates
@@ -100,6 +117,7 @@ def _cache_path(args):
 
 
 def cmd_optimize(args) -> int:
+    from korch.explain import search_lines
     from korch.pipeline import OptimizeOptions, optimize
     from korch.profiler import RETIMES
 
@@ -107,6 +125,7 @@ def cmd_optimize(args) -> int:
     if args.backends is not None and not backends:
         raise KorchError(f"--backends names no backend: {args.backends!r}")
     _check_plan_target(args.output)
+    _check_cache_outside(args.output, _cache_path(args))
     options = OptimizeOptions(
         device=args.device,
         backends=backends,
@@ -145,6 +164,8 @@ def cmd_optimize(args) -> int:
         "measured_ms": meta["measured"]["ms"],
         "backends": dict(Counter(k.backend for k in plan.kernels)),
         "rewrites": meta["rewrites"],
+        "search": meta["search"],
+        "decided_by": meta["decided_by"],
         "plan": str(args.output),
     }
     solver = meta["solver"]
@@ -160,12 +181,19 @@ def cmd_optimize(args) -> int:
         f"solver: {solver['status']}, gap {round(solver['gap'], 6):g}, {solver['seconds']:.2f}s; "
         f"profiled {payload['profiled']}, cache hits {payload['cache_hits']}, "
         f"failed {payload['failed']}, skipped {payload['skipped']}\n"
-        f"backends: {backends_used}\nplan written to {args.output}"
+        f"backends: {backends_used}\n{search_lines(meta['search'], meta['decided_by'])[0]}\n"
+        f"plan written to {args.output}"
     )
     for rewrite in meta["rewrites"]:
         human += f"\nrewrite: {rewrite}"
-    if payload["skipped"]:
-        _log(args, f"warning: {payload['skipped']} kernels were not profiled within --time-budget")
+    search = meta["search"]
+    if search["bounded"] and search["certified_gap"] != 0:
+        gap = "an unknown gap" if search["certified_gap"] is None else f"{search['certified_gap']:.1%}"
+        _log(
+            args,
+            f"warning: {search['bounded']} kernels were priced by lower bounds only within --time-budget: "
+            f"the plan is certified within {gap} of the optimum over every candidate",
+        )
     if payload["disturbed"]:
         _log(
             args,
@@ -214,6 +242,19 @@ def _check_plan_target(path) -> None:
     _check_writable(target)
 
 
+def _check_cache_outside(plan, cache) -> None:
+    """Saving a plan replaces its whole directory: a profile database inside it would first make
+    the directory one that is not a plan (refused after all the profiling), or be deleted."""
+    from korch.profile_db import default_path
+
+    directory, db = Path(plan).resolve(), Path(cache or default_path()).resolve()
+    if db == directory or directory in db.parents:
+        raise KorchError(
+            f"the profile database {cache or db} is inside the plan directory {plan}, which saving "
+            "the plan replaces: keep it elsewhere (--cache or $KORCH_CACHE)"
+        )
+
+
 def _check_writable(target: Path) -> None:
     """Plan.save creates the plan's parent directories and a directory beside the plan to write
     into. Creating (and removing) a directory in the nearest place that exists tries the same
@@ -237,57 +278,15 @@ def _load_plan(path, args):
     return Plan.load(path, allow_mismatch=args.allow_version_mismatch)
 
 
-_NPZ_HELP = "--inputs wants an .npz of named arrays (numpy.savez)"
-
-
-def _read_inputs(path) -> dict:
-    """numpy.load takes any file that is neither an .npz (a zip) nor an .npy for a pickle, and
-    its refusal (allow_pickle=) would send the user after the wrong problem: the kind of file is
-    read from its first bytes first."""
-    import numpy as np
-
-    from korch.prims import from_npy
-
-    head = _first_bytes(path, 6)
-    if head.startswith(b"\x93NUMPY"):
-        raise KorchError(f"{path}: a single array (.npy); {_NPZ_HELP}")
-    if not head.startswith(b"PK"):
-        raise KorchError(f"{path}: not an .npz of arrays; {_NPZ_HELP}")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: from_npy(data[k]) for k in data.files}
-    except ValueError as e:
-        if "allow_pickle" in str(e):  # an object array: reading it would run pickled code
-            raise KorchError(f"{path}: holds Python objects, not plain arrays; {_NPZ_HELP}") from None
-        raise KorchError(f"{path}: cannot read inputs (ValueError: {e})") from None
-    except Exception as e:  # numpy and zipfile raise assorted types on damaged files
-        raise KorchError(f"{path}: cannot read inputs ({type(e).__name__}: {e})") from None
-
-
-def _first_bytes(path, n: int) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(n)
-    except FileNotFoundError:
-        raise KorchError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise KorchError(f"{path}: is a directory; {_NPZ_HELP}") from None
-    except OSError as e:
-        raise KorchError(f"{path}: cannot read inputs ({e.strerror or e})") from None
-
-
 def cmd_run(args) -> int:
-    import numpy as np
+    from korch.run_files import output_target, read_inputs, write_outputs
 
-    written = _outputs_path(args.output) if args.output else None
+    written = output_target(args.output, args.plan, args.inputs) if args.output else None
     plan = _load_plan(args.plan, args)
-    feeds = _read_inputs(args.inputs) if args.inputs else plan.random_inputs(args.seed)
+    feeds = read_inputs(args.inputs, dict(plan.inputs)) if args.inputs else plan.random_inputs(args.seed)
     outs = plan.run(feeds)
     if written is not None:
-        try:
-            np.savez(written, **outs)
-        except OSError as e:
-            raise KorchError(f"{written}: cannot write outputs ({e.strerror or e})") from None
+        write_outputs(written, outs)
     payload = {
         "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outs.items()},
         "written": str(written) if written is not None else None,
@@ -297,15 +296,6 @@ def cmd_run(args) -> int:
         human.append(f"wrote {written}")
     _emit(args, payload, "\n".join(human))
     return 0
-
-
-def _outputs_path(output: str) -> Path:
-    """Where --output really goes: numpy.savez adds .npz to any other name, so it is added here
-    and reported; a directory would become DIR.npz beside it, so it is refused."""
-    path = Path(output)
-    if path.is_dir():
-        raise KorchError(f"--output {output}: is a directory; name the .npz file to write")
-    return path if path.name.endswith(".npz") else path.with_name(path.name + ".npz")
 
 
 def cmd_verify(args) -> int:
@@ -347,7 +337,7 @@ def cmd_bench(args) -> int:
         from korch.pipeline import OptimizeOptions, optimize
 
         options = OptimizeOptions(
-            device=args.device or "cpu",
+            device="cpu" if args.device is None else args.device,  # (an empty --device is refused)
             cache=_cache_path(args),
             progress=not args.quiet,
             time_budget=args.time_budget,
@@ -385,15 +375,20 @@ _MODEL_ONLY_BENCH_FLAGS = {
 
 def cmd_explain(args) -> int:
     from korch import explain
+    from korch.graph_io import atomic_write
     from korch.plan import Plan
+    from korch.run_files import refuse_inside_plan
 
+    if args.html:
+        refuse_inside_plan(Path(args.html), "--html", args.plan)
     plan = Plan.load(args.plan, allow_mismatch=True)  # a report runs nothing: any versions will do
     report = explain.report(plan, str(args.plan))
     if args.html:
         from korch.explain_html import page
 
-        try:
-            Path(args.html).write_text(page(plan, report), encoding="utf-8")
+        html = page(plan, report).encode()
+        try:  # (atomically: a hard link to a plan's file there is replaced, not rewritten)
+            atomic_write(Path(os.path.realpath(args.html)), lambda f: f.write(html))
         except OSError as e:
             raise KorchError(f"{args.html}: cannot write the report ({e.strerror or e})") from None
         _log(args, f"explain: wrote {args.html}")
@@ -481,7 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         return command(args)
-    except BrokenPipeError:  # `korch ... | head`: the reader left; not an error of ours
+    except BrokenPipeError as e:
+        if not _reader_left():  # another pipe than stdout (a profiling worker's): not foreseen
+            return _unexpected(args, e)
+        # `korch ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KorchError as e:
@@ -493,11 +491,29 @@ def main(argv: list[str] | None = None) -> int:
         if _owes_json(args):
             print(json.dumps({"error": "interrupted"}))
         return 130
-    except Exception as e:  # a korch bug or an input we did not foresee: still one line
-        if args.verbose:
-            traceback.print_exc()
-        line = f"unexpected {type(e).__name__}: {first_line(e)} (--verbose shows the traceback)"
-        return _fail(_owes_json(args), "error", line, 2)
+    except Exception as e:
+        return _unexpected(args, e)
+
+
+def _unexpected(args, e: Exception) -> int:
+    """A korch bug or an input we did not foresee: still one line."""
+    if args.verbose:
+        traceback.print_exc()
+    line = f"unexpected {type(e).__name__}: {first_line(e)} (--verbose shows the traceback)"
+    return _fail(_owes_json(args), "error", line, 2)
+
+
+def _reader_left() -> bool:
+    """Whether stdout is a pipe whose reader has gone (`korch ... | head`): polling its end
+    reports an error then. A BrokenPipeError from any other pipe is not that."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)  # (errors and hang-ups are reported unasked)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # (a stdout without a descriptor: a StringIO)
+        return False
 
 
 if __name__ == "__main__":

@@ -85,6 +85,8 @@ def report(plan: Plan, source: str = "") -> dict:
         "ceilings": ceilings,
         "opaque_ops": meta.get("fission", {}).get("opaque_ops", []),
         "rewrites": meta.get("rewrites", []),  # plans from before korch.rewrite have none
+        "search": meta.get("search"),
+        "decided_by": meta.get("decided_by"),
     }
 
 
@@ -132,6 +134,25 @@ def profiling_text(p: dict) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {p[k]}" for k in keys if k in p) or "-"
 
 
+def search_lines(search: dict, decided_by: str) -> list[str]:
+    """The search's totals, then each partition's: measured, bounded, and why pairs were pruned."""
+    gap = search["certified_gap"]
+    certified = (
+        "not certified" if gap is None else "certified optimal" if gap == 0 else f"certified gap {gap:.1%}"
+    )
+    bound = "-" if search["lower_bound_ms"] is None else f"{search['lower_bound_ms']:.4f} ms"
+    lines = [
+        f"search: {search['measured']} (kernel, backend) pairs measured, {search['bounded']} priced by "
+        f"lower bounds, {search['pruned']} pruned, {search['rounds']} solve-measure rounds; lower bound "
+        f"{bound}, plan {_fmt_ms(search['plan_ms'])}: {certified} (decided by {decided_by})"
+    ]
+    for p in search.get("partitions", []):
+        where = "whole graph" if p["partition"] < 0 else f"partition {p['partition']}"
+        pruned = "; ".join(f"{why} ({n})" for why, n in p["pruned"].items()) or "none"
+        lines.append(f"  {where}: {p['measured']} measured, {p['bounded']} bounded, pruned: {pruned}")
+    return lines
+
+
 def ceilings_text(c: dict) -> str:
     half = [(k.removeprefix("gflops_"), v) for k, v in c.items() if k.startswith("gflops_")]
     matmuls = [("float32", c["gflops"]), *half]
@@ -160,6 +181,8 @@ def _header(r: dict) -> list[str]:
     pruned = ", ".join(f"{k} {v}" for k, v in r["pruned"].items()) or "none"
     lines.append(f"pruned: {pruned}")
     lines.append(f"profiling: {profiling_text(r['profiling'])}")
+    if r["search"]:
+        lines += search_lines(r["search"], r["decided_by"])
     if r["ceilings"]:
         lines.append(f"ceilings: {ceilings_text(r['ceilings'])}")
     return lines

@@ -11,7 +11,6 @@ import os
 import statistics
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -37,15 +36,17 @@ from korch.kernel import SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX, KernelSpec
 from korch.plan import Plan, build_plan
 from korch.prims import Prim
 from korch.profile_db import ProfileDB
-from korch.profiler import ProfileOptions, profile, spread_s
+from korch.profiler import ProfileOptions, Profiler, ProfileResult, essential, spread_s
 from korch.rewrite import Timer, rewrite
 from korch.roofline import half_matmuls, measure_ceilings
 from korch.runtime import interleave
+from korch.search import certify, least_calls, search_profiler
 from korch.solver import Choice, Solution, greedy, solve
 
 WHOLE_GRAPH_REACH = 10.0  # whole-graph plans isolated within this factor of the best measured are measured
 RUNOFF = 1.15  # measured plans within this factor of the fastest (by minima) are timed again side by side
 RUNOFF_ROUNDS = 8
+PRIORITY_SHARE = 0.5  # of --time-budget, at most, for the kernels that make plans alone (then search)
 RUNOFF_SIGNIFICANCE = 0.05  # a plan replaces the source model when a sign test over the rounds says so
 
 log = logging.getLogger("korch")
@@ -81,8 +82,22 @@ class OptimizeOptions:
             raise KorchError(f"max_size must be an int, at least 1, got {self.max_size!r}")
         if self.jobs is not None and not (_is_int(self.jobs) and self.jobs >= 1):
             raise KorchError(f"jobs must be an int, at least 1, got {self.jobs!r}")
+        self._cap_jobs()
         if self.executor not in ("local", "ray"):
             raise KorchError(f"executor must be 'local' or 'ray', got {self.executor!r}")
+
+    def _cap_jobs(self) -> None:
+        """At most one compile worker per core: each is a process holding torch and ONNX Runtime
+        (hundreds of MiB), and more than the cores only makes them wait for each other."""
+        cores = os.cpu_count() or 1
+        if self.jobs is not None and self.jobs > cores:
+            log.warning(
+                "korch: warning: %d jobs asked for, more than this machine's %d cores: %d compile workers",
+                self.jobs,
+                cores,
+                cores,
+            )
+            object.__setattr__(self, "jobs", cores)
 
     def check_device(self, name: str = "device") -> None:
         """The device exists on this machine: a separate check, since options may describe a
@@ -193,21 +208,18 @@ def original_model_seed(graph: Graph, model: onnx.ModelProto) -> tuple[Candidate
 
 
 def _select(
-    graph: Graph, found: CandidateSet, cost, time_limit: float, failures: Counter | None = None
+    graph: Graph, found: CandidateSet, cost, time_limit: float, profiled: ProfileResult | None = None
 ) -> tuple[Solution, Solution]:
     """The optimal selection and the greedy baseline (None when a tight --time-budget left some
     primitive without a profiled kernel of its own). Without a kernel for every primitive only a
-    whole-graph kernel (the source model, profiled first) can make the plan. `failures` (reason
-    -> kernels) names the commonest in the error when there is no plan."""
+    whole-graph kernel (the source model, profiled first) can make the plan. `profiled` says
+    why in the error when there is no plan."""
     try:
         solution = solve(graph, found.partitions, found.candidates, cost, time_limit)
     except KorchError as e:
         solution = _prefer_whole_graph(found, Solution([], "incomplete", objective_ms=math.inf), cost)
         if not solution.chosen:
-            why = "raise --time-budget"
-            if failures:
-                ((reason, count),) = failures.most_common(1)
-                why = f"the commonest profiling failure: {reason!r}, {count} kernels; {why}"
+            why = _why_no_plan(profiled)
             raise KorchError(f"{e}; nothing covers the whole graph either ({why})") from None
         return solution, None
     solution = _prefer_whole_graph(found, solution, cost)
@@ -215,6 +227,22 @@ def _select(
         return solution, greedy(graph, found.partitions, found.candidates, cost)
     except KorchError:
         return solution, None
+
+
+def _why_no_plan(profiled: ProfileResult | None) -> str:
+    """The commonest profiling failure, and advice that fits: failures of the machine (a worker
+    killed, a timeout, memory) are profiled again by the next run; a larger --time-budget helps
+    only when kernels were skipped, or none failed (then the budget ended before they ran)."""
+    if profiled is None or not profiled.failures:
+        return "raise --time-budget"
+    ((reason, count),) = profiled.failures.most_common(1)
+    why = [f"the commonest profiling failure: {reason!r}, {count} kernels"]
+    again = sum(p.transient for by in profiled.profiles.values() for p in by.values())
+    if again:
+        why.append(f"{again} failed for reasons of the machine and are profiled again by the next run")
+    if profiled.skipped:
+        why.append("raise --time-budget")
+    return "; ".join(why)
 
 
 def _prefer_whole_graph(found: CandidateSet, solution: Solution, cost) -> Solution:
@@ -272,26 +300,49 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
             f"{len(graph.nodes)} primitives ({len(rewrites)} rewrites), {len(found.candidates)} "
             f"candidates ({time.perf_counter() - started:.1f}s)",
         )
-        profiles = profile(
-            graph,
-            found,
-            backends,
-            db,
-            ProfileOptions(
-                device=options.device,
-                jobs=options.jobs,
-                time_budget=options.time_budget,
-                progress=options.progress,
-                min_time=options.min_time,
-                executor=options.executor,
-                ray_address=options.ray_address,
-                whole_graph=True,
-            ),
-            specs,
+        ceilings = dict(measure_ceilings(options.device, half_matmuls(graph)))
+        popts = ProfileOptions(
+            device=options.device,
+            jobs=options.jobs,
+            time_budget=options.time_budget,
+            progress=options.progress,
+            min_time=options.min_time,
+            executor=options.executor,
+            ray_address=options.ray_address,
+            whole_graph=True,
         )
+        with Profiler(graph, found, backends, db, popts, specs) as profiler:
+            budget = options.time_budget
+            end = None if budget is None else profiler.started + budget
+            # without a budget, everything; with one, what makes a plan alone (the source model,
+            # seeds, singles) within a share of it, and the search spends the rest on the kernels
+            # its solutions use
+            queue = profiler.queue()
+            if budget is not None:
+                queue = [job for job in queue if essential(job)]
+            profiler.measure(queue, None if budget is None else profiler.started + PRIORITY_SHARE * budget)
+            profiler.cover()  # (where those are no plan: one backend, Inductor, and no seeds)
+            floors = least_calls(profiler, backends)
+
+            def say(message: str) -> None:
+                _say(options, message)
+
+            report = search_profiler(
+                graph,
+                found,
+                profiler,
+                end,
+                ceilings,
+                floors,
+                options.solver_time_limit,
+                lambda m: _say(options, m),
+            )
+        profiles = profiler.result
+        report.profiling_seconds = profiles.seconds
     finally:
         db.close()
-    solution, baseline = _select(graph, found, profiles.cost, options.solver_time_limit, profiles.failures)
+    solution, baseline = _select(graph, found, profiles.cost, options.solver_time_limit, profiles)
+    first = solution  # the optimum over measured costs: the plan the certificate is about
     meta = {
         "versions": _versions(backends),
         "device_name": device_name(options.device),
@@ -306,7 +357,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
         "profiling": profiles.summary(),
         "greedy_ms": baseline.objective_ms if baseline else None,
         "greedy_kernels": len(baseline.chosen) if baseline else None,
-        "ceilings": dict(measure_ceilings(options.device, half_matmuls(graph))),
+        "ceilings": ceilings,
         "input_bounds": check.input_bounds(graph),
         "index_limits": check.index_limits(graph),
     }
@@ -321,6 +372,9 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     else:
         plan = make_plan(solution)
     plan.meta["alternatives"] = rejected_alternatives(solution, found.candidates, profiles)
+    certify(report, first.objective_ms)
+    plan.meta["search"] = report.summary()
+    plan.meta["decided_by"] = decided_by(plan)
     plan.meta["seconds"] = round(time.perf_counter() - started, 3)
     return plan
 
@@ -450,6 +504,16 @@ def _runoff(best, measured: list, spread_s: float, options: OptimizeOptions | No
             _say(options, "no plan ran consistently faster than the source model: it is kept")
             winner = source
     return close[winner], report
+
+
+def decided_by(plan: Plan) -> str:
+    """What the chosen plan is: the source model run whole, one kernel of the whole primitive
+    graph, or the solver's selection."""
+    if _is_source_model(plan):
+        return "source-model"
+    if len(plan.kernels) == 1 and plan.kernels[0].spec.key.startswith(WHOLE_GRAPH_PREFIX):
+        return "whole-graph"
+    return "solver"
 
 
 def _is_source_model(plan: Plan) -> bool:

@@ -32,7 +32,7 @@ from korch.backends import (
     torch_ops,
 )
 from korch.backends.torch_ops import to_tensor
-from korch.candidates import CandidateSet
+from korch.candidates import Candidate, CandidateSet
 from korch.errors import KorchError, first_line
 from korch.ir import Graph
 from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_graph_json, kernel_spec, runs_alone
@@ -87,6 +87,7 @@ class ProfileResult:
     retimed: int = 0  # kernels timed again because other processes were using the CPU
     disturbed: int = 0  # ... and busy in every try: their timings may be too slow
     seconds: float = 0.0
+    pruned: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, backend) -> why not
 
     def cost(self, key: str, adjust=None) -> tuple[float, str | None]:
         """(best median latency in ms, its backend); infinite when nothing ran. `adjust(key,
@@ -280,11 +281,14 @@ def run_job(job: dict) -> dict:
             result.update(tries=timing.tries, disturbed=timing.disturbed)
         return result
     except Exception as e:  # a backend that cannot compile or run this kernel: infinite cost
+        from korch.worker_pool import environmental
+
         line = first_line(e, 240)
         return {
             "status": "failed",
             "reason": f"{type(e).__name__}: {line}",
             "compile_s": time.perf_counter() - started,
+            "environmental": environmental(e),  # (memory ran out: profiled again by a later run)
         }
 
 
@@ -305,6 +309,12 @@ class _Progress:
     def __init__(self, total: int, label: str, enabled: bool, deadline: float | None = None):
         self.total, self.label, self.enabled, self.deadline = total, label, enabled, deadline
         self.done, self.failed, self.start, self.last = 0, 0, time.time(), 0.0
+
+    def add(self, count: int, deadline: float | None) -> None:
+        """Another round of `count` jobs, ending at `deadline`."""
+        self.total += count
+        self.deadline = deadline
+        self.last = 0.0
         self._show()  # (the first results take seconds: workers start and import first)
 
     def skip(self, count: int) -> None:
@@ -379,22 +389,6 @@ def _load(value) -> np.ndarray:
     return from_npy(np.load(value)) if isinstance(value, str) else value
 
 
-def _coverage(
-    jobs: list[tuple[KernelSpec, Backend]], covered: set[int], computes: dict[str, set[int]]
-) -> list[tuple[KernelSpec, Backend]]:
-    """What still runs after the time budget: each single primitive that no profiled single or
-    seed computes yet (`covered`), on its first backend in priority order, so every primitive has
-    some kernel and a plan exists. `computes`: the primitives of each key (identical candidates
-    share one)."""
-    covered = set(covered)
-    keep = []
-    for spec, backend in jobs:
-        if len(spec.graph.nodes) == 1 and not computes[spec.key] <= covered:
-            covered |= computes[spec.key]
-            keep.append((spec, backend))
-    return keep
-
-
 def _require_every_primitive(
     graph: Graph, candidates: CandidateSet, runnable: set[str], refusals: dict
 ) -> None:
@@ -445,11 +439,312 @@ def _priority(job: tuple[KernelSpec, Backend], lead: frozenset[str] = frozenset(
     what torch.compile would run, where the hundreds of single primitives timed one by one would
     take a short budget on their own."""
     spec, backend = job
-    size = len(spec.graph.nodes)
-    inductor = backend.name == "inductor"
-    essential = spec.seed or (size == 1 and not inductor)
     source = spec.key.startswith(SOURCE_MODEL_PREFIX)
-    return (not source, spec.key not in lead, not essential, inductor, -size)
+    return (
+        not source,
+        spec.key not in lead,
+        not essential(job),
+        backend.name == "inductor",
+        -len(spec.graph.nodes),
+    )
+
+
+def essential(job: tuple[KernelSpec, Backend]) -> bool:
+    """A kernel that makes plans with no fusion beside it: the source model, a whole-partition
+    seed, or a single primitive in a cheap-to-compile backend (not Inductor)."""
+    spec, backend = job
+    single = len(spec.graph.nodes) == 1 and backend.name != "inductor"
+    return spec.seed or single or spec.key.startswith(SOURCE_MODEL_PREFIX)
+
+
+def _representatives(candidates: CandidateSet) -> dict[str, Candidate]:
+    """One candidate per key; a seed where a seed's key is also an enumerated candidate's."""
+    representative: dict[str, Candidate] = {}
+    for c in candidates.candidates:
+        if c.key not in representative or c.seed and not representative[c.key].seed:
+            representative[c.key] = c
+    return representative
+
+
+Job = tuple[KernelSpec, Backend]
+
+
+class Profiler:
+    """One profiling session over a candidate set: every (key, backend) pair a backend supports is
+    looked up in the database (`result`) or left `pending`; `measure` compiles, checks and times
+    pending pairs, as many rounds as the caller wants (korch.search asks for the kernels its
+    solutions use), with one pool of compile workers and one timing worker kept between rounds.
+    A context manager: leaving it stops the workers and removes the scratch files."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        candidates: CandidateSet,
+        backends: list[Backend],
+        db: ProfileDB,
+        options: ProfileOptions = ProfileOptions(),
+        specs: dict[str, KernelSpec] | None = None,
+    ):
+        """`specs` overrides the kernel of a candidate key (the original-model seed)."""
+        self.graph, self.db, self.options = graph, db, options
+        self.backend_names = [b.name for b in backends]
+        self.started = time.time()
+        self.device = device_name(options.device)
+        self.result = ProfileResult()
+        self.representative = _representatives(candidates)
+        self.specs: dict[str, KernelSpec] = {}
+        self.pending: dict[tuple[str, str], Job] = {}
+        runnable, refusals = set(), {}
+        for key, cand in self.representative.items():
+            spec = self.specs[key] = specs[key] if specs and key in specs else kernel_spec(graph, cand)
+            self.result.profiles[key] = {}
+            for backend in backends:
+                reason = backend.supports(spec, options.device)
+                if reason:
+                    self.result.unsupported[reason] += 1
+                    self.result.pruned[(key, backend.name)] = reason
+                    if len(cand.nodes) == 1:
+                        refusals.setdefault(next(iter(cand.nodes)), []).append(f"{backend.name}: {reason}")
+                    continue
+                runnable.add(key)
+                hit = db.lookup(key, backend.name, backend.version(), self.device)
+                if hit is not None:
+                    self.result.profiles[key][backend.name] = hit
+                    self.result.cache_hits += 1
+                else:
+                    self.pending[(key, backend.name)] = (spec, backend)
+        if options.whole_graph:
+            _require_every_primitive(graph, candidates, runnable, refusals)
+        self.computes: dict[str, set[int]] = {}  # the primitives each key's kernel computes
+        for c in candidates.candidates:
+            self.computes.setdefault(c.key, set()).update(c.nodes)
+        # seeds (the source model too) and singles: kernels that make a plan with no fusion beside them
+        self.complete = {k for k, c in self.representative.items() if c.seed or len(c.nodes) == 1}
+        self._scratch = None  # activations and source models on disk, and the workers: at first use
+        self._progress: _Progress | None = None
+        self._job_s: float | None = None  # wall seconds per job of the last chunk (all workers)
+
+    def __enter__(self) -> Profiler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def ran(self, key: str) -> bool:
+        """Some backend's kernel for this key is profiled and correct."""
+        return self.result.cost(key)[0] < float("inf")
+
+    def queue(self) -> list[Job]:
+        """The pending jobs, what matters most first (_priority)."""
+        jobs = list(self.pending.values())
+        runs_whole = any(
+            k.startswith(SOURCE_MODEL_PREFIX) and (self.ran(k) or any(s.key == k for s, _ in jobs))
+            for k in self.result.profiles
+        )
+        seeds = frozenset(k for k, c in self.representative.items() if c.seed)
+        return sorted(jobs, key=lambda job: _priority(job, frozenset() if runs_whole else seeds))
+
+    def measure(self, jobs: list[Job], deadline: float | None, cover: bool = True) -> None:
+        """Compile, check and time `jobs` in order, a chunk at a time (compiled in parallel, then
+        timed alone). Past `deadline` (a time.time()) no compile starts: those under way finish,
+        and with `cover` the jobs a complete plan still needs run (a seed or a single primitive
+        that computes something no profiled seed or single computes yet); the rest stay pending."""
+        ids = dict.fromkeys((spec.key, backend.name) for spec, backend in jobs)  # (in order, once)
+        jobs = [self.pending[i] for i in ids if i in self.pending]
+        if not jobs:
+            return
+        self._start()
+        progress = self._progress
+        progress.add(len(jobs), deadline)
+        queue, first, late = list(jobs), 0, False
+        while first < len(queue):
+            if not late and deadline is not None and time.time() > deadline:
+                rest = self._coverage(queue[first:]) if cover else []
+                self.result.skipped += len(queue) - first - len(rest)
+                progress.skip(len(queue) - first - len(rest))
+                queue, first, late = rest, 0, True
+                continue
+            chunk = self._chunk(None if late else deadline)
+            batch, first = queue[first : first + chunk], first + chunk
+            started = time.time()
+            left = self._run_chunk(batch, None if late else deadline)
+            if len(batch) > len(left):
+                self._job_s = (time.time() - started) / (len(batch) - len(left))
+            # the deadline passed inside the chunk: the jobs it did not start go back to the queue,
+            # where only those a plan needs survive
+            queue[first:first] = left
+
+    def _chunk(self, deadline: float | None) -> int:
+        """How many jobs to compile before timing them: 8 per worker, fewer when the deadline
+        is near, so that the kernels compiled when it passes are few to time (their compiles are
+        paid for): about what the workers finish in the time left, at the last chunk's pace."""
+        most = max(16, 8 * self._workers)
+        if deadline is None or self._job_s is None:
+            return most if deadline is None else self._workers
+        left = max(deadline - time.time(), 0.0)
+        return max(self._workers, min(most, int(left / self._job_s)))
+
+    def cover(self) -> None:
+        """Measure what a plan still needs, whatever the time: the seeds or single primitives, in
+        queue order, that compute something no measured seed or single computes yet."""
+        self.measure(self._coverage(self.queue()), None)
+
+    def _coverage(self, jobs: list[Job]) -> list[Job]:
+        """What still runs after the deadline: each seed or single primitive that computes
+        something no profiled seed or single computes yet, in queue order, so that a plan exists."""
+        covered = set().union(*(self.computes[k] for k in self.complete if self.ran(k)))
+        keep = []
+        for spec, backend in jobs:
+            if spec.key in self.complete and not self.computes[spec.key] <= covered:
+                covered |= self.computes[spec.key]
+                keep.append((spec, backend))
+        return keep
+
+    def _run_chunk(self, batch: list[Job], stop_at: float | None) -> list[Job]:
+        """Compile `batch` in parallel and time what compiled; the jobs not started by `stop_at`."""
+        s = self._scratch
+        # a source model goes straight to the timing worker (which compiles and checks it too):
+        # one ONNX Runtime session of a large model fewer, in a process that stays
+        timing = [self._job(spec, b, "time") for spec, b in batch if spec.key in s.sources]
+
+        def compiled(job: dict, outcome: dict) -> None:
+            if outcome["status"] == "ok":  # checked by the compile worker: the timing worker,
+                # which runs one job at a time for all the others, does not compute the reference again
+                timing.append({**self._job(*self._by_id(job), "time"), "checked": True})
+            else:
+                self._record(job, outcome)
+
+        left = s.compile_pool.run(
+            [self._job(spec, b, "compile") for spec, b in batch if spec.key not in s.sources],
+            self.options.compile_timeout,
+            compiled,
+            stop_at=stop_at,
+        )
+        s.timer.run(list(timing), self.options.time_timeout, self._record)
+        return [self._by_id(job) for job in left]
+
+    def _by_id(self, job: dict) -> Job:
+        return self.pending[(job["key"], job["backend"])]
+
+    def _start(self) -> None:
+        """Spill the activations every pending job reads and start the workers, once."""
+        if self._scratch is not None:
+            return
+        jobs = list(self.pending.values())
+        sources = {spec.key: spec for spec, _ in jobs if spec.key.startswith(SOURCE_MODEL_PREFIX)}
+        needed = {v for spec, _ in jobs for v in spec.inputs}
+        needed |= {v for spec in sources.values() for v in spec.outputs}
+        directory = tempfile.TemporaryDirectory(prefix="korch-profile-")  # $TMPDIR: on disk, not in RAM
+        try:
+            values = _spill_activations(self.graph, needed, Path(directory.name))
+            blob_data, blob_paths = _write_blobs(sources.values(), Path(directory.name))
+        except BaseException:
+            directory.cleanup()
+            raise
+        cores = os.cpu_count() or 1
+        self._workers = self.options.jobs or cores
+        compile_pool = _compile_pool(self.options, self._workers, threads=max(1, cores // self._workers))
+        timer = WorkerPool(1, torch.get_num_threads(), run_job)
+        self._scratch = _Scratch(directory, values, sources, blob_data, blob_paths, compile_pool, timer)
+        self._progress = _Progress(0, "profiling", self.options.progress)
+        timer.start()  # its imports overlap the first chunk's compiles
+
+    def _job(self, spec: KernelSpec, backend: Backend, phase: str, inputs: list | None = None) -> dict:
+        """The job for a worker; `inputs` (arrays) where the kernel reads none of the graph's values."""
+        s, options = self._scratch, self.options
+        cls = type(backend)
+        job = {
+            "key": spec.key,
+            "backend": backend.name,
+            "backend_class": f"{cls.__module__}:{cls.__qualname__}",
+            "spec": kernel_graph_json(spec.graph, s.blob_data.get(spec.key, {})),
+            "device": options.device,
+            "inputs": [s.values[v] for v in spec.inputs] if inputs is None else inputs,
+            "weights": [i for i, v in enumerate(spec.inputs) if v in self.graph.constants],
+            "phase": phase,
+            "min_time": options.min_time,
+        }
+        if runs_alone(spec.key) and phase == "compile":  # the longest compile: all the cores for it
+            job["compile_threads"] = os.cpu_count() or 1
+        if spec.key in s.sources:  # the model travels as a file, its check against the primitive graph
+            job["blob_files"] = s.blob_paths.get(spec.key, {})
+            job["want"] = {n: s.values[v] for n, v in zip(spec.graph.output_names, spec.outputs)}
+            # the plan that may win alone: timed carefully
+            job["spread_s"] = spread_s(options.min_time, options.time_budget)
+            job["discrete_mismatch"] = SOURCE_DISCRETE_MISMATCH
+            # (its one opaque node hides what the model computes)
+            job["tolerance"] = graph_tolerance(self.graph)
+        return job
+
+    def measure_alone(self, spec: KernelSpec, backend: Backend) -> Profile:
+        """Compile, check and time a kernel that is none of the graph's (korch.search's least
+        kernel of each backend) on seeded inputs, in the timing worker (a backend that crashes
+        costs a worker, not the run), and keep the result in the database like any other."""
+        self._start()
+        arrays = check.random_inputs(spec.graph)
+        job = self._job(spec, backend, "time", [arrays[v] for v in spec.graph.inputs])
+        outcome: dict = {}
+        self._scratch.timer.run([job], self.options.time_timeout, lambda _, o: outcome.update(o))
+        prof = _profile(spec.key, backend.name, outcome)
+        if not outcome.get("startup"):
+            self.db.store(prof, backend.version(), self.device, spec.signature, job["spec"])
+        return prof
+
+    def _record(self, job: dict, outcome: dict) -> None:
+        spec, backend = self.pending.pop((job["key"], job["backend"]))
+        result, failed = self.result, outcome["status"] != "ok"
+        self._progress.step(failed)
+        prof = _profile(spec.key, backend.name, outcome)
+        # a source model is in the job (and the database) by its sha256, not a copy of its bytes;
+        # a worker lost while starting says nothing about the kernel: not stored
+        if not outcome.get("startup"):
+            self.db.store(prof, backend.version(), self.device, spec.signature, job["spec"])
+        result.profiles[spec.key][backend.name] = prof
+        result.profiled += 1
+        result.retimed += outcome.get("tries", 1) > 1
+        result.disturbed += bool(outcome.get("disturbed"))
+        if failed:
+            result.failed += 1
+            result.failures[f"{backend.name}: {(prof.reason or '')[:60]}"] += 1
+
+    def close(self) -> None:
+        s, self._scratch = self._scratch, None
+        if s is not None:
+            try:
+                s.compile_pool.close()
+                s.timer.close()
+            finally:
+                s.directory.cleanup()
+        self.result.seconds = time.time() - self.started
+
+
+@dataclass
+class _Scratch:
+    """What a Profiler holds while it measures: files on disk and the worker pools."""
+
+    directory: tempfile.TemporaryDirectory
+    values: dict[str, str]  # value -> .npy path (_spill_activations)
+    sources: dict[str, KernelSpec]  # the source models among the pending jobs
+    blob_data: dict[str, dict[str, bytes]]
+    blob_paths: dict[str, dict[str, str]]
+    compile_pool: object
+    timer: WorkerPool
+
+
+def _profile(key: str, backend: str, outcome: dict) -> Profile:
+    """A job's outcome as the database keeps it."""
+    return Profile(
+        key,
+        backend,
+        outcome["status"],
+        outcome.get("median_ms"),
+        outcome.get("min_ms"),
+        outcome.get("max_ms"),
+        outcome.get("kernels"),
+        outcome.get("compile_s"),
+        outcome.get("reason"),
+        transient=bool(outcome.get("environmental")),
+    )
 
 
 def profile(
@@ -460,157 +755,9 @@ def profile(
     options: ProfileOptions = ProfileOptions(),
     specs: dict[str, KernelSpec] | None = None,
 ) -> ProfileResult:
-    """`specs` overrides the kernel of a candidate key (the original-model seed)."""
-    started = time.time()
-    deadline = started + options.time_budget if options.time_budget is not None else None
-    device = device_name(options.device)
-    result = ProfileResult()
-    representative = {}
-    for c in candidates.candidates:  # (a seed's key may also be an enumerated candidate's: it is a seed)
-        if c.key not in representative or c.seed and not representative[c.key].seed:
-            representative[c.key] = c
-    jobs, runnable, refusals = [], set(), {}
-    for key, cand in representative.items():
-        spec = specs[key] if specs and key in specs else kernel_spec(graph, cand)
-        result.profiles[key] = {}
-        for backend in backends:
-            reason = backend.supports(spec, options.device)
-            if reason:
-                result.unsupported[reason] += 1
-                if len(cand.nodes) == 1:
-                    refusals.setdefault(next(iter(cand.nodes)), []).append(f"{backend.name}: {reason}")
-                continue
-            runnable.add(key)
-            hit = db.lookup(key, backend.name, backend.version(), device)
-            if hit is not None:
-                result.profiles[key][backend.name] = hit
-                result.cache_hits += 1
-            else:
-                jobs.append((spec, backend))
-    if options.whole_graph:
-        _require_every_primitive(graph, candidates, runnable, refusals)
-    if not jobs:
-        result.seconds = time.time() - started
-        return result
-    sources = {spec.key: spec for spec, _ in jobs if spec.key.startswith(SOURCE_MODEL_PREFIX)}
-    needed = {v for spec, _ in jobs for v in spec.inputs} | {v for s in sources.values() for v in s.outputs}
-    scratch = tempfile.TemporaryDirectory(prefix="korch-profile-")  # $TMPDIR: on disk, not in RAM
-    try:
-        values = _spill_activations(graph, needed, Path(scratch.name))
-        blob_data, blob_paths = _write_blobs(sources.values(), Path(scratch.name))
-    except BaseException:
-        scratch.cleanup()
-        raise
-
-    whole_tolerance = graph_tolerance(graph)
-
-    def make_job(spec: KernelSpec, backend: Backend, phase: str) -> dict:
-        cls = type(backend)
-        job = {
-            "key": spec.key,
-            "backend": backend.name,
-            "backend_class": f"{cls.__module__}:{cls.__qualname__}",
-            "spec": kernel_graph_json(spec.graph, blob_data.get(spec.key, {})),
-            "device": options.device,
-            "inputs": [values[v] for v in spec.inputs],
-            "weights": [i for i, v in enumerate(spec.inputs) if v in graph.constants],
-            "phase": phase,
-            "min_time": options.min_time,
-        }
-        if runs_alone(spec.key) and phase == "compile":  # the longest compile: all the cores for it
-            job["compile_threads"] = os.cpu_count() or 1
-        if spec.key in sources:  # the model travels as a file, its check against the primitive graph
-            job["blob_files"] = blob_paths.get(spec.key, {})
-            job["want"] = {n: values[v] for n, v in zip(spec.graph.output_names, spec.outputs)}
-            # the plan that may win alone: timed carefully
-            job["spread_s"] = spread_s(options.min_time, options.time_budget)
-            job["discrete_mismatch"] = SOURCE_DISCRETE_MISMATCH
-            job["tolerance"] = whole_tolerance  # (its one opaque node hides what the model computes)
-        return job
-
-    by_id = {(s.key, b.name): (s, b) for s, b in jobs}
-
-    def record(job: dict, outcome: dict, progress: _Progress, final: bool) -> None:
-        spec, backend = by_id[(job["key"], job["backend"])]
-        failed = outcome["status"] != "ok"
-        if failed or final:
-            progress.step(failed)
-        if not failed and not final:
-            # checked by the compile worker: the timing worker, which runs one job at a time for
-            # all the others, does not compute the reference again
-            timing.append({**make_job(spec, backend, "time"), "checked": True})
-            return
-        prof = Profile(
-            spec.key,
-            backend.name,
-            outcome["status"],
-            outcome.get("median_ms"),
-            outcome.get("min_ms"),
-            outcome.get("max_ms"),
-            outcome.get("kernels"),
-            outcome.get("compile_s"),
-            outcome.get("reason"),
-        )
-        # a source model is in the job (and the database) by its sha256, not a copy of its bytes;
-        # a worker lost while starting says nothing about the kernel: not stored
-        if not outcome.get("startup"):
-            db.store(prof, backend.version(), device, spec.signature, job["spec"])
-        result.profiles[spec.key][backend.name] = prof
-        result.profiled += 1
-        result.retimed += outcome.get("tries", 1) > 1
-        result.disturbed += bool(outcome.get("disturbed"))
-        if failed:
-            result.failed += 1
-            result.failures[f"{backend.name}: {(prof.reason or '')[:60]}"] += 1
-
-    timing: list[dict] = []
-    cores = os.cpu_count() or 1
-    workers = options.jobs or cores
-    compile_pool = _compile_pool(options, workers, threads=max(1, cores // workers))
-    timer = WorkerPool(1, torch.get_num_threads(), run_job)
-    progress = _Progress(len(jobs), "profiling", options.progress, deadline)
-    chunk = max(16, 8 * workers)  # compile a chunk in parallel, then time it alone
-    computes: dict[str, set[int]] = {}  # the primitives each key's kernel computes
-    for c in candidates.candidates:
-        computes.setdefault(c.key, set()).update(c.nodes)
-    # seeds (the source model too) and singles: kernels that make a plan with no fusion beside them
-    complete = {k for k, c in representative.items() if c.seed or len(c.nodes) == 1}
-
-    def ran(key: str) -> bool:  # some backend's kernel for this key is profiled and correct
-        return result.cost(key)[0] < float("inf")
-
-    runs_whole = any(k.startswith(SOURCE_MODEL_PREFIX) and (k in sources or ran(k)) for k in result.profiles)
-    seeds = frozenset(k for k, c in representative.items() if c.seed)
-    queue = sorted(jobs, key=lambda job: _priority(job, frozenset() if runs_whole else seeds))
-    first, late = 0, False
-    try:
-        timer.start()  # its imports overlap the first chunk's compiles
-        while first < len(queue):
-            if not late and first and deadline is not None and time.time() > deadline:
-                covered = set().union(*(computes[k] for k in complete if ran(k)))
-                rest = _coverage(queue[first:], covered, computes)
-                result.skipped += len(queue) - first - len(rest)
-                progress.skip(len(queue) - first - len(rest))
-                queue, first, late = rest, 0, True
-                continue
-            batch, start, first = queue[first : first + chunk], first, first + chunk
-            # a source model goes straight to the timing worker (which compiles and checks it
-            # too): one ONNX Runtime session of a large model fewer, in a process that stays
-            timing[:] = [make_job(s, b, "time") for s, b in batch if s.key in sources]
-            left = compile_pool.run(
-                [make_job(s, b, "compile") for s, b in batch if s.key not in sources],
-                options.compile_timeout,
-                lambda j, o: record(j, o, progress, final=False),
-                stop_at=deadline if start and not late else None,  # (the first chunk runs whole)
-            )
-            timer.run(list(timing), options.time_timeout, lambda j, o: record(j, o, progress, final=True))
-            # the deadline passed inside the chunk: the jobs it did not start go back to the
-            # queue, where only those a plan needs survive (a chunk of Inductor compiles, 20-60 s
-            # on 2 cores, no longer runs whole past --time-budget)
-            queue[first:first] = [by_id[(j["key"], j["backend"])] for j in left]
-    finally:
-        compile_pool.close()
-        timer.close()
-        scratch.cleanup()
-    result.seconds = time.time() - started
-    return result
+    """Every pending candidate, what matters most first (_priority), within options.time_budget
+    (korch.search prices the rest)."""
+    with Profiler(graph, candidates, backends, db, options, specs) as profiler:
+        deadline = profiler.started + options.time_budget if options.time_budget is not None else None
+        profiler.measure(profiler.queue(), deadline)
+    return profiler.result

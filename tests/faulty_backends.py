@@ -67,3 +67,15 @@ class CompileThreadsBackend(_Faulty):
         with open(os.environ["KORCH_TEST_THREADS_LOG"], "a") as log:
             log.write(f"{spec.key} {config.compile_threads}\n")
         return CompiledKernel(graph_function(spec.graph, device))
+
+
+class SlowBackend(_Faulty):
+    """Correct kernels (torch ops) that take a second each to compile."""
+
+    name = "slow"
+
+    def compile(self, spec, device):
+        from korch.backends.torch_ops import graph_function
+
+        time.sleep(1.0)
+        return CompiledKernel(graph_function(spec.graph, device))

@@ -159,8 +159,9 @@ def test_without_a_source_model_the_seeds_lead_and_cover(tmp_path):
     """On CUDA no backend runs the source model whole and a single primitive costs tens of
     milliseconds to time, so a short budget went to singles and no fusion was ever profiled (the
     H200 run: 600 single-primitive kernels per plan). The seeds (Inductor here, as on CUDA) now
-    come first, the whole graph's among them (what torch.compile would run), and past the deadline
-    no single they cover is profiled."""
+    come first, the whole graph's first (what torch.compile would run), and past the deadline no
+    single they cover is profiled: at a budget of 0 no compile starts but what a plan needs, and
+    the whole graph's seed, first in line, covers every primitive on its own."""
     graph = korch.fission(_layernorm_softmax_gelu()).graph
     parts = PartitionOptions(min_nodes=8, max_nodes=12)
     cands = enumerate_candidates(graph, CandidateOptions(max_size=4, partition=parts))
@@ -172,8 +173,9 @@ def test_without_a_source_model_the_seeds_lead_and_cover(tmp_path):
     opts = ProfileOptions(min_time=0.002, progress=False, time_budget=0.0, jobs=1)
     backends = get_backends(["eager", "inductor"])
     result = profile(graph, cands, backends, ProfileDB(tmp_path / "p.sqlite"), opts)
-    assert all(result.profiles[seed]["inductor"].status == "ok" for seed in seeds)
-    assert 0 < len([k for k in singles if result.profiles[k]]) < len(singles)
+    (whole,) = [c.key for c in cands.candidates if c.seed and len(c.nodes) == len(graph.nodes)]
+    assert result.profiles[whole]["inductor"].status == "ok"
+    assert [k for k in [*seeds, *singles] if result.profiles[k] and k != whole] == []
     assert result.profiled + result.skipped == sum(
         b.supports(kernel_spec(graph, c), "cpu") is None
         for c in {c.key: c for c in cands.candidates}.values()
@@ -188,6 +190,8 @@ def test_a_seed_that_is_also_an_enumerated_candidate_is_profiled_as_a_seed(tmp_p
     graph = korch.fission(_layernorm_softmax_gelu()).graph
     cands = enumerate_candidates(graph, CandidateOptions(max_size=4, partition=PartitionOptions(3, 4)))
     add_seeds(graph, cands)
+    # without the whole graph's seed, which alone would cover every primitive at a budget of 0
+    cands.candidates = [c for c in cands.candidates if len(c.nodes) < len(graph.nodes)]
     enumerated = {c.key for c in cands.candidates if not c.seed}
     twins = [c.key for c in cands.candidates if c.seed and c.key in enumerated]
     assert len(twins) >= 2
@@ -287,3 +291,41 @@ def test_sigkill_leaves_the_database_intact_and_resumable(tmp_path):
     assert result.cache_hits == done
     assert result.cache_hits + result.profiled == cands.unique_keys
     assert all(p["onnxruntime"].status == "ok" for p in result.profiles.values())
+
+
+def test_the_deadline_holds_from_the_first_job(tmp_path):
+    """No chunk of compiles runs whole past the deadline: with one worker and compiles of a second
+    each, the first chunk alone (16 jobs) took 16 s whatever the budget. Now at most the compile
+    in flight finishes after it (and what compiled is timed)."""
+    from faulty_backends import SlowBackend
+
+    from korch.profiler import Profiler
+
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
+    opts = ProfileOptions(min_time=0.002, progress=False, jobs=1)
+    with Profiler(graph, cands, [SlowBackend()], ProfileDB(tmp_path / "p.sqlite"), opts) as profiler:
+        jobs = profiler.queue()
+        assert len(jobs) > 16
+        budget = 6.0
+        deadline = time.time() + budget
+        profiler.measure(jobs, deadline, cover=False)
+        overrun = time.time() - deadline
+    assert overrun < 0.1 * budget + 1.0 + 1.0  # 10%, the compile in flight, timing what compiled
+    assert (
+        0 < profiler.result.profiled < len(jobs)
+        and len(profiler.pending) == len(jobs) - profiler.result.profiled
+    )
+
+
+def test_a_job_asked_for_twice_is_measured_once(tmp_path):
+    """Identical blocks share a key, so one solution may use a (key, backend) pair twice: it is
+    compiled and timed once (the second ask raised KeyError when its result came back)."""
+    from korch.profiler import Profiler
+
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=2))
+    with Profiler(graph, cands, get_backends(["onnxruntime"]), ProfileDB(tmp_path / "p.sqlite"), FAST) as p:
+        jobs = p.queue()[:3]
+        p.measure([*jobs, *jobs], None)
+    assert p.result.profiled == 3 and p.result.failed == 0
