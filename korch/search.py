@@ -10,7 +10,6 @@ candidates were never compiled; otherwise (plan - bound) / plan is the certified
 
 from __future__ import annotations
 
-import logging
 import math
 import statistics
 import time
@@ -24,8 +23,6 @@ from korch.kernel import SOURCE_MODEL_PREFIX, KernelSpec
 from korch.prims import Prim, TensorType
 from korch.profiler import Profiler
 from korch.solver import Choice, Solution, solve
-
-log = logging.getLogger("korch")
 
 
 @dataclass
