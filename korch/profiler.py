@@ -82,12 +82,16 @@ class ProfileResult:
     cache_hits: int = 0
     failed: int = 0
     skipped: int = 0
-    unsupported: Counter = field(default_factory=Counter)
     failures: Counter = field(default_factory=Counter)
     retimed: int = 0  # kernels timed again because other processes were using the CPU
     disturbed: int = 0  # ... and busy in every try: their timings may be too slow
     seconds: float = 0.0
     pruned: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, backend) -> why not
+
+    @property
+    def unsupported(self) -> Counter:
+        """Pairs no backend could run, by reason."""
+        return Counter(self.pruned.values())
 
     def cost(self, key: str, adjust=None) -> tuple[float, str | None]:
         """(best median latency in ms, its backend); infinite when nothing ran. `adjust(key,
@@ -501,7 +505,6 @@ class Profiler:
             for backend in backends:
                 reason = backend.supports(spec, options.device)
                 if reason:
-                    self.result.unsupported[reason] += 1
                     self.result.pruned[(key, backend.name)] = reason
                     if len(cand.nodes) == 1:
                         refusals.setdefault(next(iter(cand.nodes)), []).append(f"{backend.name}: {reason}")

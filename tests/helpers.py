@@ -167,3 +167,16 @@ def exit_marker(job: dict) -> dict:
 
     atexit.register(pathlib.Path(job["path"]).write_text, "torn down")
     return {"status": "ok"}
+
+
+def relu_model(path, opset: int = 17):
+    """x -> Relu -> y over [2, 4] floats, saved at `path` (which is returned)."""
+    import onnx
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path

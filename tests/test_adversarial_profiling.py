@@ -25,6 +25,7 @@ import onnx
 import pytest
 from badinput import Case, good_model, problem, run_main
 from faulty_backends import RaiseBackend
+from helpers import relu_model
 
 import korch
 import korch.pipeline as pipeline
@@ -693,14 +694,8 @@ def test_a_broken_pipe_that_is_not_stdout_is_not_success(model, tmp_path, capsys
 # ------------------------------------------------------------------ advice, and --jobs
 
 
-def _relu(path: Path) -> Path:
-    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
-    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])
-    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+def _relu(path):
+    return relu_model(path, opset=17)
 
 
 @pytest.mark.parametrize("backend", [RaiseBackend, KillAlwaysBackend], ids=["refused", "killed"])

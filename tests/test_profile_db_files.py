@@ -10,8 +10,8 @@ import subprocess
 import sys
 import threading
 
-import onnx
 import pytest
+from helpers import relu_model
 
 from korch import cli
 from korch.errors import KorchError
@@ -19,13 +19,7 @@ from korch.profile_db import SCHEMA, Profile, ProfileDB
 
 
 def _model(path):
-    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
-    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])
-    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return relu_model(path, opset=13)
 
 
 def _sqlite(path, *statements):
