@@ -19,7 +19,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny_segformer.
 
 
 def optimize(model: str, plan: Path, cache: Path, args) -> tuple[float, dict]:
-    cmd = [sys.executable, "-m", "korch.cli", "optimize", model, "-o", str(plan), "--cache", str(cache)]
+    cmd = [sys.executable, "-m", "korch.cli.commands", "optimize", model, "-o", str(plan)]
+    cmd += ["--cache", str(cache)]
     cmd += ["--backends", args.backends, "--max-size", str(args.max_size), "--json", "--quiet"]
     start = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

@@ -1,7 +1,7 @@
 """korch's runtime cost per call around its kernels: a toy decoder step (one 64-wide token in, four
 key/value caches of 4 heads x ROWS x 16 in, the token's projection and the four grown caches out;
 5 values each way) optimized with one backend, then timed side by side in one process
-(korch.runtime.interleave's A B C / C B A blocks): ONNX Runtime alone on the file, a numpy
+(korch.plan.runtime.interleave's A B C / C B A blocks): ONNX Runtime alone on the file, a numpy
 caller's `plan(**arrays)` (inputs checked, outputs handed back), and the call `korch bench`
 times (inputs checked once). Medians in microseconds.
 
@@ -20,8 +20,8 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 import korch
-from korch.bench import _onnxruntime_peer
-from korch.runtime import interleave
+from korch.cli.bench import _onnxruntime_peer
+from korch.plan.runtime import interleave
 
 CACHES = 4
 

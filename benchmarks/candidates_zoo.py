@@ -9,8 +9,8 @@ import argparse
 import resource
 
 import korch
-from korch import zoo
-from korch.candidates import CandidateOptions, enumerate_candidates
+from korch.cli import zoo
+from korch.search.candidates import CandidateOptions, enumerate_candidates
 
 
 def main() -> None:

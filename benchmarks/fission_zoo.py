@@ -11,7 +11,7 @@ import statistics
 import time
 
 import korch
-from korch import zoo
+from korch.cli import zoo
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ known at compile time); multimodal position_ids [3, batch, seq] are pinned too, 
 convolution's or linear attention's state (past.N.conv, past.N.recurrent) is a random input of
 its fixed size. Per step, as quantized_zoo.py: primitives, opaque operators, the primitive
 graph's error against ONNX Runtime, the plan's kernels and backends, `plan.verify()`, medians of
-korch and ONNX Runtime (`korch.bench.bench`, interleaved) and their ratio.
+korch and ONNX Runtime (`korch.cli.bench.bench`, interleaved) and their ratio.
 
 The builder needs transformers >= 5 and onnxruntime-genai, which are not korch dependencies: in an
 environment that sees korch (`python -m venv --system-site-packages ENV`), `ENV/bin/pip install

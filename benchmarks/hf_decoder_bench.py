@@ -26,8 +26,8 @@ import warnings
 import torch
 
 import korch
-from korch.bench import bench
-from korch.runtime import interleave
+from korch.cli.bench import bench
+from korch.plan.runtime import interleave
 
 BASE = dict(
     hidden_size=512,

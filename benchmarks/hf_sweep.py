@@ -33,9 +33,10 @@ import warnings
 import torch
 
 import korch
-from korch import check, reference
-from korch.backends.torch_ops import to_numpy
-from korch.frontend.torch_import import import_torch
+from korch.frontend.torch.importer import import_torch
+from korch.ir import reference
+from korch.ir.tensors import to_numpy
+from korch.measure import check
 
 LM = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=500)
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)

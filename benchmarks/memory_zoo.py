@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from korch import zoo
+from korch.cli import zoo
 
 LIMIT_MIB = 4096
 
@@ -54,7 +54,7 @@ def _sample(proc: subprocess.Popen, peak: list[int], period: float = 0.1) -> Non
 
 def measure(model: Path, time_budget: float, backends: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [sys.executable, "-m", "korch.cli", "optimize", str(model), "-o", f"{tmp}/plan"]
+        argv = [sys.executable, "-m", "korch.cli.commands", "optimize", str(model), "-o", f"{tmp}/plan"]
         argv += ["--cache", f"{tmp}/p.sqlite", "--time-budget", str(time_budget)]
         argv += ["--backends", backends, "--quiet", "--json"]
         start = time.perf_counter()

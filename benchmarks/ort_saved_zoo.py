@@ -4,7 +4,7 @@ ONNX Runtime on the saved file. Two forms per model: `session` (a session's
 hardware-specific layouts: FusedConv, FusedGemm, FusedMatMul, Gelu, QuickGelu,
 SkipLayerNormalization) and, for BERT and ViT, `transformers` (`onnxruntime.transformers.optimizer`,
 what Hugging Face optimum's O1-O4 run: Attention, EmbedLayerNormalization, BiasGelu,
-SkipLayerNormalization). korch lowers these operators (korch/frontend/rules_contrib.py); before it
+SkipLayerNormalization). korch lowers these operators (korch/frontend/onnx/rules_contrib.py); before it
 did, each stayed opaque, one ONNX Runtime kernel that nothing fused with.
 
 Per file, as benchmarks/quantized_zoo.py: primitives, opaque operators, the primitive graph's error
@@ -26,9 +26,9 @@ import torch
 from quantized_zoo import MEASURED, measure
 
 import korch
-from korch import check
-from korch.runtime import interleave
-from korch.zoo import build
+from korch.cli.zoo import build
+from korch.measure import check
+from korch.plan.runtime import interleave
 
 FORMS = ("session", "transformers")
 TRANSFORMERS = {"bert-base": ("bert", 12, 768), "vit-b16": ("vit", 12, 768)}  # type, heads, width

@@ -7,7 +7,7 @@ on four of korch's seeded inputs (normal floats); weights are int8 per channel, 
 
 Per file: primitives, opaque operators, the primitive graph's error against ONNX Runtime, the
 plan's kernels and backends, `plan.verify()`, and medians of korch and ONNX Runtime
-(`korch.bench.bench`, interleaved). With `--agreement`, instead: the largest relative error
+(`korch.cli.bench.bench`, interleaved). With `--agreement`, instead: the largest relative error
 between ONNX Runtime with its graph optimizations off and on, and of korch's primitive graph
 against each, for three seeds (how far apart two correct answers lie). Usage:
 `python benchmarks/quantized_zoo.py [MODEL ...] --dir DIR [--time-budget S] [--cache DB] [--agreement]`.
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import korch
-from korch import check
-from korch.bench import bench
-from korch.zoo import build
+from korch.cli.bench import bench
+from korch.cli.zoo import build
+from korch.measure import check
 
 FORMS = ("qdq", "qoperator", "dynamic")
 
@@ -91,7 +91,7 @@ def agreement(path: Path, seeds: int = 3) -> str:
     semantics: no QDQ fusion) against on, and korch's primitive graph against each, per seed."""
     import onnxruntime as ort
 
-    from korch import reference
+    from korch.ir import reference
 
     fission = korch.fission(path)
     rows = []

@@ -21,14 +21,14 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from korch import check
 from korch.backends import get_backends
-from korch.candidates import CandidateOptions, enumerate_candidates
 from korch.frontend import import_onnx
+from korch.measure import check
+from korch.orchestrate.solver import solve
 from korch.pipeline import WHOLE_GRAPH, add_seeds, original_model_seed
-from korch.profile_db import ProfileDB
-from korch.profiler import ProfileOptions, _load, _spill_activations, profile, time_fn
-from korch.solver import solve
+from korch.profile.database import ProfileDB
+from korch.profile.profiler import ProfileOptions, _load, _spill_activations, profile, time_fn
+from korch.search.candidates import CandidateOptions, enumerate_candidates
 
 
 def regions(fission, partitions) -> dict[int, tuple | str]:

@@ -1,7 +1,7 @@
 """The search on the paper's five models: for each model and each set of backends, `korch optimize
 --json` in a fresh process with a fresh profile database, its search report (pairs measured,
 bounded, pruned; rounds; lower bound; plan; certified gap), its wall time against --time-budget,
-and the bounds checked against every kernel the run measured (korch.bounds.violations,
+and the bounds checked against every kernel the run measured (korch.orchestrate.bounds.violations,
 leave-one-out). Results go to OUT/search.json; --markdown writes the table.
 
     python benchmarks/search_bench.py [MODEL ...] [--dir ZOO] [--out DIR] [--time-budget S]
@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from korch import zoo
-from korch.bounds import violations
-from korch.search import PROBE_PREFIX, database_observations
+from korch.cli import zoo
+from korch.orchestrate.bounds import violations
+from korch.orchestrate.solve_measure import PROBE_PREFIX, database_observations
 
 PAPER_MODELS = ("candy", "segformer-b0", "yolox-nano", "yolov4", "efficientvit-b1")
 
@@ -29,7 +29,7 @@ def run(model: Path, backends: str, budget: float, out: Path) -> dict:
     """One optimize in its own process, its JSON report, wall time and the bounds' check."""
     db, plan = out / f"{model.stem}-{backends}.sqlite", out / f"{model.stem}-{backends}-plan"
     db.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "korch.cli", "optimize", str(model), "-o", str(plan), "--json"]
+    argv = [sys.executable, "-m", "korch.cli.commands", "optimize", str(model), "-o", str(plan), "--json"]
     argv += ["--cache", str(db), "--time-budget", str(budget)]
     if backends != "default":
         argv += ["--backends", backends.replace("+", ",")]

@@ -1,6 +1,6 @@
 """Whether stacking matmuls that share an input pays: x @ W1, x @ W2, x @ W3 against one x @ [W1 W2
 W3] split afterwards (what a horizontal-fusion rewrite would do to attention's q, k and v
-projections or an MLP's gate and up projections). Timed side by side (korch.runtime.interleave),
+projections or an MLP's gate and up projections). Timed side by side (korch.plan.runtime.interleave),
 medians per shape; ratio > 1 means stacking is faster.
 
     python benchmarks/stacked_matmul.py [--device cpu|cuda] [--rounds 20]
@@ -13,7 +13,7 @@ import statistics
 
 import torch
 
-from korch.runtime import interleave
+from korch.plan.runtime import interleave
 
 # (rows, inner, columns per matmul, matmuls): decode and prefill of small and BERT-sized layers
 SHAPES = [

@@ -10,8 +10,10 @@ import warnings
 import torch
 
 import korch
-from korch import check, reference, zoo
-from korch.frontend.torch_import import import_torch
+from korch.cli import zoo
+from korch.frontend.torch.importer import import_torch
+from korch.ir import reference
+from korch.measure import check
 
 KINDS = ("elementwise", "broadcast", "reduce", "layout", "linear", "opaque")
 

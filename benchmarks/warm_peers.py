@@ -13,12 +13,12 @@ import time
 
 import torch
 
-from korch import zoo
-from korch.bench import TORCH_MODES
+from korch.cli import zoo
+from korch.cli.bench import TORCH_MODES
 
 
 def warm(name: str, device: str, peers: list[str]) -> None:
-    """The module and inputs as korch.bench makes them (zoo weights, the model's input shapes)."""
+    """The module and inputs as korch.cli.bench makes them (zoo weights, the model's input shapes)."""
     module = zoo.make_module(name).to(device).eval()
     inputs = [  # (the values do not matter to the compile, only shapes and types)
         torch.ones(shape, dtype=getattr(torch, dtype), device=device)

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from korch import zoo
-from korch.bench import bench
-from korch.kernel import SOURCE_MODEL_PREFIX
+from korch.cli import zoo
+from korch.cli.bench import bench
+from korch.measure.roofline import measure_ceilings, node_flops
 from korch.pipeline import OptimizeOptions, optimize
-from korch.roofline import measure_ceilings, node_flops
+from korch.search.kernel import SOURCE_MODEL_PREFIX
 
 MEMORY_BOUND = ("candy", "segformer-b0", "efficientvit-b1")
 PAPER_MODELS = ("candy", "segformer-b0", "yolox-nano", "yolov4", "efficientvit-b1")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from korch.zoo import _randomize_norms
-from korch.zoo.attention import Segformer
+from korch.cli.zoo import _randomize_norms
+from korch.cli.zoo.attention import Segformer
 
 
 def main() -> None:

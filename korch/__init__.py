@@ -8,13 +8,14 @@ from collections.abc import Mapping
 
 import onnx
 
+from korch.config import VERSION
 from korch.errors import CheckFailed, KorchError, ShapeError
 from korch.frontend import FissionResult, import_onnx
-from korch.graph_io import load_graph, save_graph
-from korch.ir import Graph
-from korch.prims import Kind, Prim, TensorType
+from korch.ir.graph import Graph
+from korch.ir.prims import Kind, Prim, TensorType
+from korch.ir.serialize import load_graph, save_graph
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 
 def fission(
@@ -31,8 +32,9 @@ def fission(
 def check_fission(result: FissionResult, seed: int = 0) -> float:
     """Run the primitive graph (reference executor) and ONNX Runtime on the same seeded inputs;
     returns the largest relative error over all outputs. (A bfloat16 model's oracle is its float32
-    twin in ONNX Runtime: korch.check.onnxruntime_outputs.)"""
-    from korch import check, reference
+    twin in ONNX Runtime: korch.measure.check.onnxruntime_outputs.)"""
+    from korch.ir import reference
+    from korch.measure import check
 
     inputs = check.random_inputs(result.graph, seed)
     want = check.onnxruntime_outputs(result.model, inputs)
@@ -51,7 +53,7 @@ def optimize(model, example_inputs=None, device: str = "cpu", shapes=None, value
 
     opts = OptimizeOptions(device=device, **_known_options(options, OptimizeOptions))
     if _is_torch_module(model):
-        from korch.frontend.torch_import import import_torch
+        from korch.frontend.torch.importer import import_torch
 
         opts.check_device()  # (korch.pipeline.optimize checks it for an ONNX model)
         if example_inputs is None:
@@ -89,7 +91,7 @@ def _is_torch_module(model) -> bool:
 
 def load(directory, allow_mismatch: bool = False):
     """Load a plan written by Plan.save or `korch optimize` (see Plan.load for `allow_mismatch`)."""
-    from korch.plan import Plan
+    from korch.plan.plan import Plan
 
     return Plan.load(directory, allow_mismatch=allow_mismatch)
 

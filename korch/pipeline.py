@@ -17,10 +17,23 @@ from types import MappingProxyType
 
 import onnx
 
-from korch import busy, check
-from korch.alternatives import rejected_alternatives
 from korch.backends import device_name, get_backends
-from korch.candidates import (
+from korch.config import VERSION
+from korch.errors import KorchError, first_line
+from korch.frontend import FissionResult, import_onnx
+from korch.ir.graph import Graph, Node
+from korch.ir.prims import Prim
+from korch.measure import busy, check
+from korch.measure.roofline import half_matmuls, measure_ceilings
+from korch.orchestrate.alternatives import rejected_alternatives
+from korch.orchestrate.solve_measure import certify, least_calls, search_profiler
+from korch.orchestrate.solver import Choice, Solution, greedy, solve
+from korch.plan.plan import Plan, build_plan
+from korch.plan.runtime import interleave
+from korch.profile.database import ProfileDB
+from korch.profile.profiler import ProfileOptions, Profiler, ProfileResult, essential, spread_s
+from korch.rewrite import Timer, rewrite
+from korch.search.candidates import (
     WHOLE_GRAPH,
     Candidate,
     CandidateOptions,
@@ -29,19 +42,7 @@ from korch.candidates import (
     enumerate_candidates,
     make_candidate,
 )
-from korch.errors import KorchError, first_line
-from korch.frontend import FissionResult, import_onnx
-from korch.ir import Graph, Node
-from korch.kernel import SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX, KernelSpec
-from korch.plan import Plan, build_plan
-from korch.prims import Prim
-from korch.profile_db import ProfileDB
-from korch.profiler import ProfileOptions, Profiler, ProfileResult, essential, spread_s
-from korch.rewrite import Timer, rewrite
-from korch.roofline import half_matmuls, measure_ceilings
-from korch.runtime import interleave
-from korch.search import certify, least_calls, search_profiler
-from korch.solver import Choice, Solution, greedy, solve
+from korch.search.kernel import SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX, KernelSpec
 
 WHOLE_GRAPH_REACH = 10.0  # whole-graph plans isolated within this factor of the best measured are measured
 RUNOFF = 1.15  # measured plans within this factor of the fastest (by minima) are timed again side by side
@@ -138,7 +139,7 @@ def _is_int(value) -> bool:
 def add_seeds(graph: Graph, found: CandidateSet, alone: set[int] | None = None) -> int:
     """Each partition, and the whole graph, as one candidate: the onnxruntime and inductor backends
     then price running them their own way, and the plan is never worse than that (as measured).
-    The whole graph's key says it is a plan by itself (korch.kernel.runs_alone). Around the
+    The whole graph's key says it is a plan by itself (korch.search.kernel.runs_alone). Around the
     primitives `alone` that no kernel generator fuses (`unfused`), the runs of primitives between
     such ones are the seeds instead (a run of a topological order is convex)."""
     alone = unfused(graph) if alone is None else alone
@@ -177,7 +178,7 @@ def _runs(start: int, stop: int, alone: set[int]) -> list[tuple[int, int]]:
 
 
 # bytes: protobuf's limit on one serialized model. The source model reaches the profiling workers
-# as a file (korch.profiler) and plans and the database keep it by sha256, so even BERT-base's
+# as a file (korch.profile.profiler) and plans and the database keep it by sha256, so even BERT-base's
 # 418 MB adds one ONNX Runtime session per process that runs it, not copies per job.
 ORIGINAL_SEED_LIMIT = 2**31 - 1
 
@@ -577,10 +578,9 @@ def _versions(backends) -> dict[str, str]:
     import onnxruntime
     import torch
 
-    import korch
 
     out = {
-        "korch": korch.__version__,
+        "korch": VERSION,
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
         "onnx": onnx.__version__,

@@ -60,7 +60,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, opts: dict):
     """Lower, optimize and wrap one Dynamo graph; raises on anything korch cannot do."""
     from torch._subclasses.fake_tensor import is_fake
 
-    from korch.frontend.torch_import import export, import_exported, written_inputs
+    from korch.frontend.torch.importer import export, import_exported, written_inputs
     from korch.pipeline import optimize_fission
 
     # a plan is built for fixed shapes and profiled on real values

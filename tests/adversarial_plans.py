@@ -20,8 +20,8 @@ from onnx.external_data_helper import set_external_data
 
 import korch
 from korch.pipeline import original_model_seed
-from korch.plan import Plan, PlanKernel, lifetimes
-from korch.plan_check import write_manifest
+from korch.plan.check import write_manifest
+from korch.plan.plan import Plan, PlanKernel, lifetimes
 
 F = TensorProto.FLOAT
 SHAPE = (64, 80)  # 5120 elements: more than the 4096 that the ONNX checker's skeleton keeps inline

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from korch import cli
+from korch.cli import commands as cli
 
 F = TensorProto.FLOAT
 MODEL_COMMANDS = ("fission", "candidates", "optimize", "bench")
@@ -338,7 +338,7 @@ def _plan_damage() -> dict[str, Callable[[Path], None]]:
         "truncated-plan-json": lambda d: _truncate(d / "plan.json"),
         "plan-json-a-list": lambda d: (d / "plan.json").write_text("[1, 2]"),
         "plan-json-binary": lambda d: (d / "plan.json").write_bytes(b"\xff\xfe\x00garbage"),
-        "wrong-format": set_field("format", "korch.plan/999"),
+        "wrong-format": set_field("format", "korch.plan.plan/999"),
         "no-format": lambda d: _edit_json(d / "plan.json", lambda doc: doc.pop("format")),
         "kernels-not-a-list": set_field("kernels", 7),
         "inputs-missing": lambda d: _edit_json(d / "plan.json", lambda doc: doc.pop("inputs")),
@@ -373,7 +373,7 @@ def plan_cases(good_plan: Path, root: Path) -> list[Case]:
     """Damaged copies of a good plan directory, for every command that reads a plan: each damage
     as found (the manifest catches it) and resealed with a fresh manifest (as if edited by hand,
     so the deeper checks must catch it)."""
-    from korch.plan_check import write_manifest
+    from korch.plan.check import write_manifest
 
     root.mkdir(parents=True, exist_ok=True)
     dirs = {"missing-dir": root / "missing", "empty-dir": root / "empty", "a-file": root / "file"}
@@ -395,7 +395,7 @@ def plan_cases(good_plan: Path, root: Path) -> list[Case]:
 
 
 def run_main(argv, capsys) -> tuple[int, str, str]:
-    """korch.cli.main in this process: (exit code, stdout, stderr)."""
+    """korch.cli.commands.main in this process: (exit code, stdout, stderr)."""
     try:
         code = cli.main(list(argv))
     except SystemExit as e:  # argparse usage errors

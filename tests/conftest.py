@@ -4,7 +4,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).parent
+# the shared helpers (helpers.py, faulty_backends.py, ...) and the stage folders, whose test modules
+# share fixtures by import (test_solver imports test_candidates' random graphs)
+STAGES = sorted(str(d) for d in HERE.iterdir() if d.is_dir() and d.name.isidentifier() and d.name[0] != "_")
+sys.path[:0] = [str(HERE), *STAGES]
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,9 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 import korch
-from korch import check, reference
-from korch.frontend.onnx_types import to_onnx_dtype
+from korch.frontend.onnx.tensor_types import to_onnx_dtype
+from korch.ir import reference
+from korch.measure import check
 
 
 @dataclass
@@ -152,7 +153,7 @@ def spin(seconds: float) -> None:
 
 
 def inductor_compile_threads(job: dict) -> dict:
-    """(A korch.worker_pool job.) The threads this process runs kernels and Inductor compiles with."""
+    """(A korch.profile.workers job.) The threads this process runs kernels and Inductor compiles with."""
     import torch
     from torch._inductor.async_compile import get_compile_threads
 
@@ -160,7 +161,7 @@ def inductor_compile_threads(job: dict) -> dict:
 
 
 def exit_marker(job: dict) -> dict:
-    """(A korch.worker_pool job.) Registers an exit handler that writes job["path"]: it runs only
+    """(A korch.profile.workers job.) Registers an exit handler that writes job["path"]: it runs only
     if the worker goes through the interpreter's teardown."""
     import atexit
     import pathlib

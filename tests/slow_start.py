@@ -1,4 +1,4 @@
-"""Job functions for tests of korch.worker_pool, in a module that takes longer to import than
+"""Job functions for tests of korch.profile.workers, in a module that takes longer to import than
 those tests' time limit (as torch and ONNX Runtime do beside a busy neighbour)."""
 
 import time

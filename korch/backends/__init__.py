@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from korch.kernel import KernelSpec
+from korch.search.kernel import KernelSpec
 
 # korch computes float32 as IEEE float32 on every device. cuDNN's default on Ampere and later is
 # TF32 convolutions (10-bit mantissas: relative errors near 1e-3), which would fail korch's 1e-4
@@ -36,7 +36,7 @@ class CompiledKernel:
     kernels: int = 1  # device kernels launched per call, as far as the backend knows
     # the same kernel on numpy arrays (arrays in, new arrays out), where the backend runs on them
     # natively (ONNX Runtime on a CPU): a plan made of such kernels runs a numpy caller's arrays
-    # without converting each value to a tensor and back (korch.runtime.Executable.run_arrays)
+    # without converting each value to a tensor and back (korch.plan.runtime.Executable.run_arrays)
     arrays: Callable[..., list[np.ndarray]] | None = None
 
 
@@ -66,13 +66,13 @@ def compile_with(backend: Backend, spec: KernelSpec, device: str, weights: Weigh
 
 @functools.cache  # (asked for every candidate of a model: a backend's version is in its profile's key)
 def source_digest(*modules) -> str:
-    """A short hash of the modules' source and of korch's check policy (korch.tolerance): part of
+    """A short hash of the modules' source and of korch's check policy (korch.measure.tolerance): part of
     a backend's version, so that changing how korch lowers, runs or checks kernels invalidates the
     profiles (and cached failures) measured before."""
     import hashlib
     import inspect
 
-    from korch import tolerance
+    from korch.measure import tolerance
 
     h = hashlib.sha256()
     for module in (*modules, tolerance):

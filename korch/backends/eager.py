@@ -12,8 +12,8 @@ import torch
 
 from korch.backends import Backend, CompiledKernel, source_digest, torch_ops
 from korch.backends.torch_ops import graph_function
-from korch.kernel import KernelSpec
-from korch.prims import Prim
+from korch.ir.prims import Prim
+from korch.search.kernel import KernelSpec
 
 
 class EagerBackend(Backend):

@@ -12,8 +12,8 @@ import torch
 
 from korch.backends import Backend, CompiledKernel, onnx_patterns, source_digest, torch_ops
 from korch.backends.torch_ops import graph_function
-from korch.kernel import KernelSpec
-from korch.prims import Prim
+from korch.ir.prims import Prim
+from korch.search.kernel import KernelSpec
 
 _DEFINITION = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
 
@@ -77,7 +77,7 @@ class InductorBackend(Backend):
         from torch._inductor.compile_fx import compile_fx
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        from korch.profiler import example_tensors
+        from korch.profile.profiler import example_tensors
 
         with outside_dynamo():  # (korch may be called from inside a Dynamo trace)
             examples = example_tensors(spec.graph, device)

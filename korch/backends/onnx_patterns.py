@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from korch.frontend.rules_resize import COORDINATE_MODES, linear_taps, source_coords
-from korch.ir import Graph, Node
-from korch.prims import Prim, is_float, repeat_factor
+from korch.frontend.onnx.rules_resize import COORDINATE_MODES, linear_taps, source_coords
+from korch.ir.graph import Graph, Node
+from korch.ir.prims import Prim, is_float, repeat_factor
 
 
 @dataclass(frozen=True)

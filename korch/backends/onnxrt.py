@@ -14,10 +14,10 @@ from onnx import helper, numpy_helper
 
 from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, source_digest
 from korch.backends.onnx_patterns import fuse, split_groups
-from korch.frontend.onnx_types import to_onnx_dtype
-from korch.ir import Graph
-from korch.kernel import KernelSpec, runs_alone
-from korch.prims import Kind, Prim
+from korch.frontend.onnx.tensor_types import to_onnx_dtype
+from korch.ir.graph import Graph
+from korch.ir.prims import Kind, Prim
+from korch.search.kernel import KernelSpec, runs_alone
 
 OPSET = 18
 
@@ -345,7 +345,7 @@ class OnnxRuntimeBackend(Backend):
 
             return CompiledKernel(run, kernels=nodes, arrays=arrays)
 
-        from korch.backends.torch_ops import DTYPES
+        from korch.ir.tensors import DTYPES
 
         out_types = [graph.types[v] for v in graph.outputs]
         kind, index = "cuda", torch.device(device).index or 0

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-import korch
-from korch import reference
 from korch.backends import Backend, CompiledKernel
-from korch.backends.torch_ops import to_numpy, to_tensor
-from korch.kernel import KernelSpec
-from korch.prims import Prim
+from korch.config import VERSION
+from korch.ir import reference
+from korch.ir.prims import Prim
+from korch.ir.tensors import to_numpy, to_tensor
+from korch.search.kernel import KernelSpec
 
 
 class ReferenceBackend(Backend):
@@ -17,7 +17,7 @@ class ReferenceBackend(Backend):
     selectable = False
 
     def version(self) -> str:
-        return korch.__version__
+        return VERSION
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         return None

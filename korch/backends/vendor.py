@@ -9,9 +9,10 @@ import torch
 from torch.nn import functional as F
 
 from korch.backends import Backend, CompiledKernel, source_digest, torch_ops
-from korch.backends.torch_ops import apply, to_tensor
-from korch.kernel import KernelSpec
-from korch.prims import Kind, Prim
+from korch.backends.torch_ops import apply
+from korch.ir.prims import Kind, Prim
+from korch.ir.tensors import to_tensor
+from korch.search.kernel import KernelSpec
 
 
 def _is_channel_bias(bias_shape, out_shape, axis: int) -> bool:

@@ -1,6 +1,6 @@
 """Front ends: turn an ONNX model into a primitive graph (the rule modules register themselves)."""
 
-from korch.frontend import (  # noqa: F401  (imported for their registrations)
+from korch.frontend.onnx import (  # noqa: F401  (imported for their registrations)
     rules_attention,
     rules_contrib,
     rules_elementwise,
@@ -15,6 +15,6 @@ from korch.frontend import (  # noqa: F401  (imported for their registrations)
     rules_scatter,
     rules_signal,
 )
-from korch.frontend.onnx_import import FissionResult, import_onnx, load_model
+from korch.frontend.onnx.importer import FissionResult, import_onnx, load_model
 
 __all__ = ["FissionResult", "import_onnx", "load_model"]

@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 
 from korch.errors import KorchError, Unsupported
-from korch.ir import GraphBuilder
-from korch.prims import HALF_DTYPES, Prim, TensorType
+from korch.ir.graph import GraphBuilder
+from korch.ir.prims import HALF_DTYPES, Prim, TensorType
 
 _REQUIRED = object()
 
 
 class Attributes(dict):
     """A node's attributes, remembering which ones its rule looked up (`read`): an attribute the
-    rule never looked at was not lowered (a newer opset's `mode`, say), and korch.frontend.onnx_import
+    rule never looked at was not lowered (a newer opset's `mode`, say), and korch.frontend.onnx.importer
     does not let it pass silently."""
 
     def __init__(self, *args, **kwargs):

@@ -5,7 +5,7 @@ there (phase splits, narrow convolutions, space-to-depth stems)."""
 
 from __future__ import annotations
 
-from korch.ir import Graph
+from korch.ir.graph import Graph
 from korch.rewrite.common import Timer, Timing
 from korch.rewrite.linear import fold_linear_maps
 from korch.rewrite.narrow import widen_narrow_convs

@@ -11,9 +11,9 @@ from types import MappingProxyType
 
 import numpy as np
 
-from korch.ir import Graph, Node, freeze_attr, prune, to_text, verify
-from korch.prims import Prim, TensorType
-from korch.profile_db import ProfileDB
+from korch.ir.graph import Graph, Node, freeze_attr, prune, to_text, verify
+from korch.ir.prims import Prim, TensorType
+from korch.profile.database import ProfileDB
 
 GAIN = 0.8  # a FLOP-saving rewrite must leave less than this fraction of the FLOPs it replaces
 FASTER = 0.8  # a measured rewrite must take less than this fraction of the time
@@ -168,7 +168,7 @@ def measure(before: Graph, after: Graph, device: str, rounds: int = 3) -> tuple[
     import torch
 
     from korch.backends.torch_ops import graph_function
-    from korch.profiler import example_tensors, time_fn
+    from korch.profile.profiler import example_tensors, time_fn
 
     best = [float("inf"), float("inf")]
     try:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from korch.ir import Graph, Node
-from korch.prims import FLOAT_DTYPES, Prim
+from korch.ir.graph import Graph, Node
+from korch.ir.prims import FLOAT_DTYPES, Prim
 from korch.rewrite.common import GAIN, Emitter, GraphMaps, per_graph, replace_node, rewrite_all, unit_conv
 
 # region nodes that do arithmetic: resizing the mixed axis changes their work (layout nodes count 0)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from korch.ir import Graph, Node
-from korch.prims import Prim
+from korch.ir.graph import Graph, Node
+from korch.ir.prims import Prim
 from korch.rewrite.common import FASTER, Emitter, Timing, replace_node, rewrite_all, subgraph, unit_conv
 
 NARROW = 4  # at most this many output channels (folded: 16, an AVX-512 vector of fp32)

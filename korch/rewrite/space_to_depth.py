@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from korch.ir import Graph, Node
-from korch.prims import Prim
+from korch.ir.graph import Graph, Node
+from korch.ir.prims import Prim
 from korch.rewrite.common import FASTER, Emitter, Timing, replace_node, rewrite_all, subgraph, unit_conv
 
 

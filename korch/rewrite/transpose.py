@@ -31,8 +31,8 @@ from functools import cached_property
 
 import numpy as np
 
-from korch.ir import Graph, Node
-from korch.prims import Kind, Prim
+from korch.ir.graph import Graph, Node
+from korch.ir.prims import Kind, Prim
 from korch.rewrite.common import Emitter, GraphMaps, per_graph, replace_node, replace_values, rewrite_all
 
 _ALONG = (Prim.SLICE, Prim.PAD, Prim.CONCAT, Prim.BROADCAST)  # layout work that permutes its attrs

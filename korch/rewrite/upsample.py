@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from korch.ir import Graph, Node
-from korch.prims import Prim, repeat_factor
+from korch.ir.graph import Graph, Node
+from korch.ir.prims import Prim, repeat_factor
+from korch.measure.roofline import node_flops
 from korch.rewrite.common import (
     FASTER,
     GAIN,
@@ -32,7 +33,6 @@ from korch.rewrite.common import (
     subgraph,
     unit_conv,
 )
-from korch.roofline import node_flops
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The command line: commands, their arguments, reports (bench, explain) and the model zoo."""

@@ -1,0 +1,1 @@
+"""The PyTorch front end: torch.export graphs lowered through aten fission rules."""

@@ -1,0 +1,78 @@
+"""How much of the machine other processes took while korch timed something.
+
+On a shared machine a neighbour that takes a core for a moment inflates any timing taken then:
+a plain loop's by about 2x, an OpenMP kernel's (Inductor on CPU) by up to 500x, since each of its
+barriers waits for the thread the neighbour displaced (0.3 ms kernels measured at 160 ms here).
+The profile database keeps a timing for good, so such a timing is taken again (korch.profile.profiler).
+
+Linux only: the CPU time the whole machine spent busy (and the hypervisor stole) during a window,
+from /proc/stat, less this process's own; elsewhere nothing is seen."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+# /proc/stat counts in ticks (10 ms): one tick of noise either way is common, so a window is
+# disturbed when others took at least two ticks and a fifth of a core on average
+MIN_TICKS = 2
+MIN_CORES = 0.2
+T = TypeVar("T")
+
+
+def _machine_ticks() -> int | None:
+    """Ticks every CPU spent busy or stolen since boot: user, nice, system, irq, softirq, steal."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return user + nice + system + irq + softirq + steal
+
+
+def _own_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class Window:
+    """`with Window() as w: ...` then w.others_cores: the average number of cores other processes
+    held meanwhile (None where the machine does not say), and w.disturbed."""
+
+    def __enter__(self) -> Window:
+        self._machine, self._own, self._start = _machine_ticks(), _own_s(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self._start
+        machine = _machine_ticks()
+        self.others_cores = None
+        self.disturbed = False
+        if machine is None or self._machine is None or wall <= 0:
+            return
+        others_s = (machine - self._machine) * _TICK_S - (_own_s() - self._own)
+        self.others_cores = others_s / wall
+        self.disturbed = others_s >= MIN_TICKS * _TICK_S and self.others_cores >= MIN_CORES
+
+
+def quietest(measure: Callable[[], T], retries: int, key: Callable[[T], float], pause_s: float = 0.0):
+    """measure() in a Window, and again while other processes took the CPU (after pause_s times
+    the try's number), `retries` times at most: (the result of least key, the tries, whether every
+    try was disturbed)."""
+    best = None
+    for attempt in range(1 + retries):
+        if attempt:
+            time.sleep(pause_s * attempt)
+        with Window() as window:
+            result = measure()
+        if best is None or key(result) < key(best):
+            best = result
+        if not window.disturbed:
+            return best, attempt + 1, False
+    return best, 1 + retries, True

@@ -1,0 +1,91 @@
+"""Device ceilings (copy bandwidth, matmul FLOP/s) measured once, and each kernel's work."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+
+from korch.ir.graph import Node
+from korch.ir.prims import HALF_DTYPES, Prim, TensorType
+
+
+def _best_seconds(fn, device: str, repeats: int) -> float:
+    from korch.backends import synchronize
+
+    fn()  # warm-up: allocation, thread pool, cuBLAS handles
+    best = math.inf
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@functools.cache
+def measure_ceilings(device: str = "cpu", half: tuple[str, ...] = ()) -> dict:
+    """{"bandwidth_gbs", "gflops", "seconds"}: the best of a few runs of a large copy (bytes read
+    plus bytes written) and of a large fp32 matmul, and "gflops_<dtype>" for each dtype in `half`
+    (float16, bfloat16: tensor cores, AMX). A few hundred milliseconds on a small CPU, once per
+    process, device and dtypes (callers must not modify the result)."""
+    import torch
+
+    started = time.perf_counter()
+    big = device.startswith("cuda")
+    n = (256 if big else 16) * 2**20  # fp32 elements: 1 GiB on a GPU, 64 MiB on a CPU
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    copy_s = _best_seconds(lambda: dst.copy_(src), device, 3)
+    m = 8192 if big else 1024
+    a = torch.randn(m, m, dtype=torch.float32, device=device)
+    b = torch.randn(m, m, dtype=torch.float32, device=device)
+    out = {"bandwidth_gbs": round(2 * 4 * n / copy_s / 1e9, 3), "gflops": _matmul_gflops(a, b, device)}
+    for dtype in half:
+        wanted = getattr(torch, dtype)
+        out[f"gflops_{dtype}"] = _matmul_gflops(a.to(wanted), b.to(wanted), device)
+    return {**out, "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _matmul_gflops(a, b, device: str) -> float:
+    import torch
+
+    return round(2 * a.shape[0] ** 3 / _best_seconds(lambda: torch.mm(a, b), device, 2) / 1e9, 3)
+
+
+def half_matmuls(graph) -> tuple[str, ...]:
+    """The half dtypes (float16, bfloat16) the graph's linear primitives compute in, sorted."""
+    dtypes = {graph.types[n.inputs[0]].dtype for n in graph.nodes if node_flops(n, graph.types)}
+    return tuple(sorted(dtypes & set(HALF_DTYPES)))
+
+
+def matmul_dtype(nodes: list[Node], types) -> str | None:
+    """The dtype a kernel's linear primitives compute in (the first one's), None without any."""
+    for node in nodes:
+        if node_flops(node, types):
+            return types[node.inputs[0]].dtype
+    return None
+
+
+def flops_ceiling(ceilings: dict, dtype: str | None) -> float | None:
+    """The measured matmul peak for `dtype` (fp32's for the dtypes not measured apart)."""
+    return ceilings.get(f"gflops_{dtype}") or ceilings.get("gflops")
+
+
+def node_flops(node: Node, types) -> int:
+    """Multiply-adds counted as two FLOPs, for linear primitives only (0 for anything else)."""
+    if node.prim in (Prim.MATMUL, Prim.GROUPED_MATMUL):
+        a, out = types[node.inputs[0]], types[node.outputs[0]]
+        return 2 * out.numel * a.shape[-1]
+    if node.prim is Prim.CONV:
+        w, out = types[node.inputs[1]], types[node.outputs[0]]
+        return 2 * out.numel * math.prod(w.shape[1:])
+    if node.prim is Prim.CONV_TRANSPOSE:
+        x, w = types[node.inputs[0]], types[node.inputs[1]]
+        return 2 * x.numel * math.prod(w.shape[1:])
+    return 0
+
+
+def traffic_bytes(types: list[TensorType]) -> int:
+    return sum(t.nbytes for t in types)

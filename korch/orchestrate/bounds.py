@@ -1,0 +1,123 @@
+"""Lower bounds on a kernel's latency before it is compiled: its own work at the fastest rates seen.
+
+A kernel reads its inputs and writes its outputs at least once (those of primitives that a backend
+may run as views of their input, VIEWS, excepted), and does its linear primitives' multiply-adds;
+it cannot do either faster than the fastest rate any kernel has shown on the device, nor finish
+sooner than the quickest call its backend has ever made. So its latency is at least
+
+    max(least call of its backend, FLOPs / fastest FLOP rate, bytes / fastest byte rate)
+
+where the rates are the fastest measured (the device's matmul and copy ceilings included), raised by
+SAFETY, and the least call lowered by LAUNCH_SAFETY: a kernel not measured yet may beat the fastest
+seen so far, by as much as these margins allow. Small working sets run from cache, many times faster
+per byte than a large copy, so the byte rate for a kernel of B bytes is the fastest among kernels of
+at least B / SIZE_WINDOW bytes (all of them where none is that large). The bounds only ever order
+and certify: they are derived from the profile database's measurements, never stored as if measured.
+`violations` checks them against measurements (tests, benchmarks/search_bench.py)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from korch.ir.graph import Graph
+from korch.ir.prims import Prim
+from korch.measure.roofline import node_flops
+
+SAFETY = 1.5  # rates may be beaten by this factor: a looser bound, measured more often, but honest
+LAUNCH_SAFETY = 0.5  # the least call seen per backend, times this: the floor of any of its calls
+SIZE_WINDOW = 4  # a kernel's byte rate is the fastest among kernels at least 1/SIZE_WINDOW its size
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a kernel must do: multiply-adds counted as two FLOPs, and the bytes of its inputs read
+    once and its outputs written once (the constants baked into it are a few elements)."""
+
+    flops: int
+    bytes: int
+
+
+# primitives a backend may return as a view of their input (torch's expand, view, permute, slicing
+# and window's unfold), moving no data: their outputs are not counted as written, nor the inputs
+# only they read as read
+VIEWS = frozenset({Prim.BROADCAST, Prim.RESHAPE, Prim.TRANSPOSE, Prim.SLICE, Prim.WINDOW})
+
+
+def kernel_work(graph: Graph) -> Work:
+    """The work of a kernel's standalone graph (korch.search.kernel.KernelSpec.graph): bytes of the
+    inputs that some primitive other than a view reads, and of the outputs that one writes."""
+    types = graph.types
+    flops = sum(node_flops(node, types) for node in graph.nodes)
+    computing = [node for node in graph.nodes if node.prim not in VIEWS]
+    read = {v for node in computing for v in node.inputs} & set(graph.inputs)
+    written = {v for node in computing for v in node.outputs} & set(graph.outputs)
+    return Work(flops, sum(types[v].nbytes for v in (*read, *written)))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured kernel: its backend, work and latency."""
+
+    backend: str
+    work: Work
+    ms: float
+
+
+class Rates:
+    """The fastest rates and least calls among `observations`, with the device's `ceilings`
+    (korch.measure.roofline.measure_ceilings: "gflops", "bandwidth_gbs") as floors of the rates."""
+
+    def __init__(self, observations: Iterable[Observation], ceilings: dict | None = None):
+        ceilings = ceilings or {}
+        seen = [o for o in observations if o.ms > 0 and math.isfinite(o.ms)]
+        flop_rates = [o.work.flops / o.ms for o in seen]  # FLOPs per ms
+        self.flops_per_ms = SAFETY * max([ceilings.get("gflops", 0.0) * 1e6, *flop_rates])
+        self.launch_ms: dict[str, float] = {}
+        for o in seen:
+            self.launch_ms[o.backend] = min(self.launch_ms.get(o.backend, math.inf), o.ms)
+        self.launch_ms = {b: LAUNCH_SAFETY * ms for b, ms in self.launch_ms.items()}
+        # byte rates by size, and the fastest among each size and everything larger
+        by_size = sorted((o.work.bytes, o.work.bytes / o.ms) for o in seen)
+        self._sizes = [size for size, _ in by_size]
+        self._fastest_above: list[float] = []
+        fastest = ceilings.get("bandwidth_gbs", 0.0) * 1e6  # bytes per ms
+        for _, rate in reversed(by_size):
+            fastest = max(fastest, rate)
+            self._fastest_above.append(fastest)
+        self._fastest_above.reverse()
+        self._fastest = max([ceilings.get("bandwidth_gbs", 0.0) * 1e6, *(r for _, r in by_size)])
+
+    def bytes_per_ms(self, size: int) -> float:
+        """The fastest byte rate among kernels of at least size / SIZE_WINDOW bytes, raised by SAFETY."""
+        i = bisect.bisect_left(self._sizes, size / SIZE_WINDOW)
+        rate = self._fastest_above[i] if i < len(self._sizes) else self._fastest
+        return SAFETY * rate
+
+    def bound_ms(self, work: Work, backend: str) -> float:
+        """A lower bound on the latency of a kernel doing `work` in `backend`."""
+        terms = [self.launch_ms.get(backend, 0.0)]
+        if work.flops and self.flops_per_ms > 0:
+            terms.append(work.flops / self.flops_per_ms)
+        if work.bytes:
+            rate = self.bytes_per_ms(work.bytes)
+            terms.append(work.bytes / rate if rate > 0 else 0.0)
+        return max(terms)
+
+
+def violations(
+    observations: list[Observation], ceilings: dict | None = None, floors: list[Observation] = ()
+) -> list[tuple[int, float]]:
+    """(index, bound / measured) of each observation that runs faster than the bound the others
+    give it (leave-one-out: the bound of a kernel not measured yet comes from the rest), the
+    `floors` (each backend's least kernel, which sets its launch floor) always among the rest.
+    Empty when every bound held."""
+    found = []
+    for i, o in enumerate(observations):
+        others = [*observations[:i], *observations[i + 1 :], *floors]
+        bound = Rates(others, ceilings).bound_ms(o.work, o.backend)
+        if o.ms < bound:
+            found.append((i, bound / o.ms))
+    return found

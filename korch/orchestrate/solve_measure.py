@@ -1,0 +1,306 @@
+"""Solve, measure, re-solve: the binary linear program over measured costs and lower bounds.
+
+Every (candidate, backend) pair has a price before anything is compiled: its measured latency
+when the profile database has one, else a lower bound from its own work
+(korch.orchestrate.bounds). The program
+is solved with those prices; the kernels of the solution that are not measured yet are compiled and
+timed; and it is solved again, until the solution uses only measured kernels or the time is up.
+Each objective is a lower bound on the optimum over the whole candidate space (every price is at
+most the truth), so when the last solution is all measured the plan is optimal although most
+candidates were never compiled; otherwise (plan - bound) / plan is the certified gap."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from korch.errors import KorchError
+from korch.ir.graph import Graph, GraphBuilder
+from korch.ir.prims import Prim, TensorType
+from korch.orchestrate.bounds import Observation, Rates, Work, kernel_work
+from korch.orchestrate.solver import Choice, Solution, solve
+from korch.profile.profiler import Profiler
+from korch.search.candidates import WHOLE_GRAPH, CandidateSet
+from korch.search.kernel import SOURCE_MODEL_PREFIX, KernelSpec
+
+
+@dataclass
+class SearchReport:
+    """What `korch optimize --json` reports as "search" (../shared/CONTRACT.md)."""
+
+    candidates: int = 0  # (candidate key, backend) pairs
+    measured: int = 0
+    bounded: int = 0
+    pruned: int = 0  # pairs no backend can run (unsupported) or that failed when measured
+    pruned_reasons: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
+    lower_bound_ms: float | None = None
+    plan_ms: float | None = None
+    certified_gap: float | None = None
+    profiling_seconds: float = 0.0
+    measured_in_rounds: int = 0  # pairs the rounds compiled and timed
+    partitions: list[dict] = field(default_factory=list)  # the counts per partition (-1: whole graph)
+
+    def summary(self) -> dict:
+        def ms(x):
+            return None if x is None else round(x, 6)
+
+        return {
+            "candidates": self.candidates,
+            "measured": self.measured,
+            "bounded": self.bounded,
+            "pruned": self.pruned,
+            "pruned_reasons": dict(sorted(self.pruned_reasons.items(), key=lambda kv: -kv[1])[:10]),
+            "rounds": self.rounds,
+            "measured_in_rounds": self.measured_in_rounds,
+            "lower_bound_ms": ms(self.lower_bound_ms),
+            "plan_ms": ms(self.plan_ms),
+            "certified_gap": None if self.certified_gap is None else round(self.certified_gap, 6),
+            "profiling_seconds": round(self.profiling_seconds, 3),
+            "partitions": self.partitions,
+        }
+
+
+class Prices:
+    """The price of each candidate key: (ms, backend) at its cheapest backend, each pair priced
+    at its measurement, or at its lower bound while it is pending in the profiler."""
+
+    def __init__(self, profiler: Profiler, ceilings: dict | None, floors: list[Observation] = ()):
+        self.profiler = profiler
+        self.ceilings = ceilings
+        self.floors = list(floors)  # least_calls
+        self._work: dict[str, Work] = {}
+        self.rates = self._rates()
+
+    def work(self, key: str) -> Work:
+        if key not in self._work:
+            self._work[key] = kernel_work(self.profiler.specs[key].graph)
+        return self._work[key]
+
+    def _rates(self) -> Rates:
+        observations = [
+            Observation(backend, self.work(key), prof.cost_ms)
+            for key, per_backend in self.profiler.result.profiles.items()
+            for backend, prof in per_backend.items()
+            if prof.cost_ms < math.inf
+        ]
+        return Rates([*observations, *self.floors], self.ceilings)
+
+    def refresh(self) -> None:
+        """New measurements may have raised the fastest rates seen."""
+        self.rates = self._rates()
+
+    def __call__(self, key: str) -> tuple[float, str | None]:
+        best = self.profiler.result.cost(key)
+        for backend in self.profiler.backend_names:
+            if (key, backend) in self.profiler.pending:
+                bound = self.rates.bound_ms(self.work(key), backend)
+                if bound < best[0]:
+                    best = (bound, backend)
+        return best
+
+    def measured(self, key: str, backend: str) -> bool:
+        return (key, backend) not in self.profiler.pending
+
+    def estimates(self):
+        """Prices with each pending pair at its bound times its backend's median ratio of
+        measured to bound (at least 1): what orders the measuring, never what certifies."""
+        ratios: dict[str, list[float]] = {}
+        for key, per_backend in self.profiler.result.profiles.items():
+            for backend, prof in per_backend.items():
+                if prof.cost_ms < math.inf:
+                    bound = self.rates.bound_ms(self.work(key), backend)
+                    ratios.setdefault(backend, []).append(prof.cost_ms / bound if bound > 0 else 1.0)
+        scale = {b: max(1.0, statistics.median(r)) for b, r in ratios.items()}
+
+        def estimate(key: str) -> tuple[float, str | None]:
+            best = self.profiler.result.cost(key)
+            for backend in self.profiler.backend_names:
+                if (key, backend) in self.profiler.pending:
+                    ms = self.rates.bound_ms(self.work(key), backend) * scale.get(backend, 1.0)
+                    if ms < best[0]:
+                        best = (ms, backend)
+            return best
+
+        return estimate
+
+
+PROBE_PREFIX = "probe-"  # the key prefix of each backend's least kernel (least_calls)
+
+
+def _probe_specs() -> list[KernelSpec]:
+    """The least kernels a backend can run: one element added, or a 1x1 matmul (vendor runs only
+    linear primitives)."""
+    specs = []
+    for prim in (Prim.ADD, Prim.MATMUL):
+        b = GraphBuilder()
+        x, y = (b.input(n, TensorType((1, 1), "float32")) for n in ("x", "y"))
+        (out,) = b.emit(prim, (x, y))
+        graph = b.build([out], ["out0"], name=PROBE_PREFIX + prim.value)
+        specs.append(KernelSpec(PROBE_PREFIX + prim.value, graph, ("x", "y"), (out,)))
+    return specs
+
+
+def least_calls(profiler: Profiler, backends) -> list[Observation]:
+    """Each backend's least kernel, measured once per profile database (then kept there like any
+    other kernel): the floor of the backend's launch cost that the bounds use, where the kernels
+    measured so far are all larger."""
+    found = []
+    for backend in backends:
+        spec = next((s for s in _probe_specs() if backend.supports(s, profiler.options.device) is None), None)
+        if spec is None:
+            continue
+        hit = profiler.db.lookup(spec.key, backend.name, backend.version(), profiler.device)
+        if hit is None:
+            hit = profiler.measure_alone(spec, backend)
+        if (
+            hit.cost_ms < math.inf
+        ):  # (one that failed gives its backend no floor: bytes and FLOPs still bound it)
+            found.append(Observation(backend.name, kernel_work(spec.graph), hit.cost_ms))
+    return found
+
+
+def _best(found: CandidateSet, solution: Solution, cost) -> Solution:
+    """The per-partition optimum, or a whole-graph kernel where one is priced lower."""
+    best = solution
+    for whole in (c for c in found.candidates if c.partition == WHOLE_GRAPH):
+        ms, backend = cost(whole.key)
+        if ms < best.objective_ms:
+            best = Solution([Choice(whole, backend, ms)], solution.status, solution.gap, ms)
+    return best
+
+
+def search(
+    graph: Graph,
+    found: CandidateSet,
+    prices,
+    measure,
+    deadline: float | None,
+    time_limit: float = 60.0,
+    say=lambda message: None,
+) -> tuple[float | None, int]:
+    """Solve with `prices` (measured costs and bounds: a Prices), `measure` the (key, backend)
+    pairs the solution uses that are not measured yet, solve again, until the solution is all
+    measured or `deadline` (a time.time()) passes. Where `prices` has estimates, what their
+    solution uses unmeasured is measured first (bounds several times below the truth would
+    otherwise send each round after the most optimistic candidates). (The last objective, a
+    lower bound on the optimum, or None where the program was not solved to optimality; the
+    rounds of measuring.)"""
+    rounds, lower = 0, None
+    while True:
+        try:
+            solution = _solve(graph, found, prices, time_limit)
+        except KorchError:  # some value nothing can compute (every backend failed on it): no bound
+            return None, rounds
+        lower = solution.objective_ms if solution.status == "optimal" else None
+        todo = _unmeasured(solution, prices)
+        if not todo or deadline is not None and time.time() >= deadline:
+            return lower, rounds
+        if hasattr(prices, "estimates"):  # measure what the calibrated estimates choose first
+            todo = _unmeasured(_solve(graph, found, prices.estimates(), time_limit), prices) or todo
+        say(
+            f"search round {rounds + 1}: lower bound {solution.objective_ms:.3f} ms, "
+            f"{len(todo)} kernels to measure"
+        )
+        measure(todo)
+        rounds += 1
+        prices.refresh()
+
+
+def _solve(graph: Graph, found: CandidateSet, cost, time_limit: float) -> Solution:
+    return _best(found, solve(graph, found.partitions, found.candidates, cost, time_limit), cost)
+
+
+def _unmeasured(solution: Solution, prices) -> list[tuple[str, str]]:
+    pairs = dict.fromkeys((c.candidate.key, c.backend) for c in solution.chosen)  # (a key may repeat)
+    return [pair for pair in pairs if not prices.measured(*pair)]
+
+
+def search_profiler(
+    graph: Graph,
+    found: CandidateSet,
+    profiler: Profiler,
+    deadline: float | None,
+    ceilings: dict | None = None,
+    floors: list[Observation] = (),
+    time_limit: float = 60.0,
+    say=lambda message: None,
+) -> SearchReport:
+    """search() over a Profiler's measurements, measuring with it; the report without the plan."""
+    report = SearchReport()
+
+    def measure(pairs: list[tuple[str, str]]) -> None:
+        before = len(profiler.pending)
+        profiler.measure([profiler.pending[pair] for pair in pairs], deadline, cover=False)
+        report.measured_in_rounds += before - len(profiler.pending)
+
+    prices = Prices(profiler, ceilings, floors)
+    report.lower_bound_ms, report.rounds = search(graph, found, prices, measure, deadline, time_limit, say)
+    _count(report, profiler, found)
+    return report
+
+
+def _count(report: SearchReport, profiler: Profiler, found: CandidateSet) -> None:
+    """Every (key, backend) pair as measured, bounded (pending) or pruned (unsupported, or failed
+    when measured), in all and per partition."""
+    parts: dict[str, set[int]] = {}
+    for c in found.candidates:
+        parts.setdefault(c.key, set()).add(c.partition)
+    unsupported: dict[str, list[tuple[str, str]]] = {}
+    for (key, backend), why in profiler.result.pruned.items():
+        unsupported.setdefault(key, []).append((backend, why))
+    per_part: dict[int, dict] = {}
+    reasons: dict[str, int] = {}
+    for key, per_backend in profiler.result.profiles.items():
+        states = [
+            ("measured" if p.cost_ms < math.inf else "pruned", b, p.reason) for b, p in per_backend.items()
+        ]
+        states += [("bounded", b, None) for b in profiler.backend_names if (key, b) in profiler.pending]
+        states += [("pruned", b, why) for b, why in unsupported.get(key, ())]
+        for state, backend, why in states:
+            setattr(report, state, getattr(report, state) + 1)
+            line = f"{backend}: {why or 'failed'}"[:100]
+            if state == "pruned":
+                reasons[line] = reasons.get(line, 0) + 1
+            for part in parts.get(key, ()):
+                entry = per_part.setdefault(
+                    part, {"partition": part, "measured": 0, "bounded": 0, "pruned": {}}
+                )
+                if state == "pruned":
+                    entry["pruned"][line] = entry["pruned"].get(line, 0) + 1
+                else:
+                    entry[state] += 1
+    report.pruned_reasons = reasons
+    report.partitions = [per_part[i] for i in sorted(per_part)]
+    report.candidates = report.measured + report.bounded + report.pruned
+
+
+def certify(report: SearchReport, plan_ms: float) -> None:
+    """The plan's measured cost and the certified gap against the last lower bound."""
+    report.plan_ms = plan_ms
+    if report.lower_bound_ms is not None and plan_ms > 0 and math.isfinite(plan_ms):
+        report.certified_gap = max(0.0, (plan_ms - report.lower_bound_ms) / plan_ms)
+
+
+def database_observations(path, device: str | None = None) -> list[tuple[str, Observation]]:
+    """(key, observation) for every kernel a profile database holds as measured (on `device`,
+    or any): what korch.orchestrate.bounds.violations checks the bounds against. The source model run whole
+    is left out: an opaque kernel whose work the bound does not see."""
+    import json
+    import sqlite3
+
+    from korch.ir.serialize import load_graph_json
+
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        query = "SELECT key, backend, median_ms, spec, device FROM profiles WHERE status = 'ok'"
+        rows = conn.execute(query).fetchall()
+    finally:
+        conn.close()
+    return [
+        (key, Observation(backend, kernel_work(load_graph_json(json.loads(spec))), ms))
+        for key, backend, ms, spec, on in rows
+        if (device is None or on == device) and ms is not None and not key.startswith(SOURCE_MODEL_PREFIX)
+    ]

@@ -1,0 +1,101 @@
+"""korch bench: peers run on the same inputs as the plan, agree with it, and are timed."""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from korch.cli import zoo
+from korch.cli.bench import bench, zoo_module
+from korch.cli.commands import main
+from korch.errors import KorchError
+from korch.pipeline import OptimizeOptions, optimize
+from korch.plan.plan import Plan
+
+FAST = dict(backends=("onnxruntime",), min_time=0.002, progress=False, max_size=3)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        return x + torch.softmax(q @ k.transpose(1, 2) / 4, dim=-1) @ v
+
+
+@pytest.fixture(scope="module")
+def module_and_plan(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    torch.manual_seed(0)
+    module = Attention().eval()
+    path = tmp / "attn.onnx"
+    torch.onnx.export(
+        module, (torch.randn(2, 8, 16),), str(path), dynamo=False, opset_version=17, input_names=["x"]
+    )
+    plan = optimize(path, options=OptimizeOptions(cache=tmp / "p.sqlite", **FAST))
+    plan.save(tmp / "plan")
+    return module, plan, tmp
+
+
+def test_peers_agree_with_korch_and_are_timed(module_and_plan):
+    module, plan, _ = module_and_plan
+    report = bench(plan, ("onnxruntime", "eager", "torch-compile"), rounds=2, module=module)
+    results = report["results"]
+    assert set(results) == {"korch", "onnxruntime", "eager", "torch-compile"}
+    for name, r in results.items():
+        assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"], name
+    for peer in ("onnxruntime", "eager", "torch-compile"):
+        assert results[peer]["max_rel_err"] <= 1e-4, peer
+    best = min(results[p]["median_ms"] for p in ("onnxruntime", "eager", "torch-compile"))
+    assert report["speedup_vs_best_peer"] == pytest.approx(best / results["korch"]["median_ms"])
+
+
+def test_a_wrong_module_is_caught_by_the_agreement_check(module_and_plan):
+    _, plan, _ = module_and_plan
+    torch.manual_seed(1)
+    other = Attention().eval()  # same shapes, other weights
+    report = bench(plan, ("eager",), rounds=1, module=other)
+    assert report["results"]["eager"]["max_rel_err"] > 1e-2
+
+
+def test_torch_peers_need_a_module(module_and_plan, capsys):
+    _, plan, tmp = module_and_plan
+    with pytest.raises(KorchError, match="PyTorch module"):
+        bench(plan, ("eager",), rounds=1)
+    assert main(["bench", str(tmp / "plan"), "--vs", "eager", "--json"]) == 2
+    assert "PyTorch module" in json.loads(capsys.readouterr().out)["error"]
+    assert main(["bench", str(tmp / "plan"), "--vs", "onnxruntime", "--rounds", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["results"]) == {"korch", "onnxruntime"}
+
+
+def test_zoo_models_carry_their_pytorch_source(zoo_dir):
+    """The tag in a zoo file rebuilds the module it was exported from: the same numbers as the file."""
+    import onnx
+
+    model = onnx.load(zoo.build("candy", zoo_dir))
+    module = zoo_module(Plan([], [], [], {}, model=model))
+    assert module is not None
+    x = zoo.example_inputs("candy")[0]
+    with torch.no_grad():
+        want = module(x).numpy()
+    got = ort.InferenceSession(model.SerializeToString()).run(None, {"image": x.numpy()})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    del model.metadata_props[:]
+    assert zoo_module(Plan([], [], [], {}, model=model)) is None
+
+
+def test_rounds_are_spread_apart(module_and_plan):
+    """Rounds round_pause_s apart: the bench outlasts a neighbour's burst on a shared machine."""
+    import time
+
+    _, plan, _ = module_and_plan
+    start = time.perf_counter()
+    report = bench(plan, ("onnxruntime",), rounds=3, round_pause_s=0.3)
+    assert time.perf_counter() - start >= 0.6
+    assert report["rounds"] == 3 and report["results"]["korch"]["min_ms"] > 0
