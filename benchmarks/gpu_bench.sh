@@ -36,7 +36,7 @@ if [ "$TESTS" != 0 ]; then
     echo "exit $?" >> "$OUT/gpu-tests.log"
 fi
 # the ONNX exports run on the CPU, all models at once (about a minute)
-timeout 60 python3 -m korch.cli zoo $MODELS --dir /tmp/korch-zoo > "$OUT/zoo-bench.log" 2>&1
+timeout 60 python3 -m korch.cli.commands zoo $MODELS --dir /tmp/korch-zoo > "$OUT/zoo-bench.log" 2>&1
 left=$(echo $MODELS | wc -w)
 for model in $MODELS; do
     share=$(( (DEADLINE - SECONDS) / left )); left=$(( left - 1 ))
