@@ -31,7 +31,7 @@ python3 benchmarks/warm_peers.py $MODELS --device cuda > "$OUT/warm-peers.log" 2
 if [ "$TESTS" != 0 ]; then
     # one line per test as it ends: a run stopped by its time limit still says what passed
     # (-v), and a test running past 60 s prints every thread's stack (faulthandler_timeout)
-    timeout 150 python3 -m pytest -v -m gpu --durations=5 -o faulthandler_timeout=60 tests/test_gpu.py \
+    timeout 150 python3 -m pytest -v -m gpu --durations=5 -o faulthandler_timeout=60 tests/e2e/test_gpu.py \
         > "$OUT/gpu-tests.log" 2>&1
     echo "exit $?" >> "$OUT/gpu-tests.log"
 fi

@@ -96,7 +96,7 @@ def main() -> None:
     kernels = f"{len(plan.kernels)} kernels ({', '.join(sorted({k.backend for k in plan.kernels}))})"
     print(f"optimize {optimize_s:.1f} s: {kernels}, verify {plan.verify():.1e}")
     result = bench(plan, peers, rounds=10, module=module)
-    result.update(optimize_s=optimize_s, primitives=plan.meta["fission"]["primitives"])
+    result.update(optimize_s=optimize_s, primitives=plan.meta.fission["primitives"])
     for system, r in result["results"].items():
         print(f"  {system:14s} median {r['median_ms']:8.3f} ms  min {r['min_ms']:8.3f}")
     print(f"  speed-up over the best peer: {result['speedup_vs_best_peer']:.2f}x")

@@ -4,7 +4,7 @@ ONNX Runtime on the saved file. Two forms per model: `session` (a session's
 hardware-specific layouts: FusedConv, FusedGemm, FusedMatMul, Gelu, QuickGelu,
 SkipLayerNormalization) and, for BERT and ViT, `transformers` (`onnxruntime.transformers.optimizer`,
 what Hugging Face optimum's O1-O4 run: Attention, EmbedLayerNormalization, BiasGelu,
-SkipLayerNormalization). korch lowers these operators (korch/frontend/onnx/rules_contrib.py); before it
+SkipLayerNormalization). korch lowers these operators (korch/frontend/onnx/rules_contrib*.py); before it
 did, each stayed opaque, one ONNX Runtime kernel that nothing fused with.
 
 Per file, as benchmarks/quantized_zoo.py: primitives, opaque operators, the primitive graph's error

@@ -24,10 +24,12 @@ import torch
 from korch.backends import get_backends
 from korch.frontend import import_onnx
 from korch.measure import check
+from korch.measure.timing import time_fn
 from korch.orchestrate.solver import solve
 from korch.pipeline import WHOLE_GRAPH, add_seeds, original_model_seed
 from korch.profile.database import ProfileDB
-from korch.profile.profiler import ProfileOptions, _load, _spill_activations, profile, time_fn
+from korch.profile.jobs import load_array, spill_activations
+from korch.profile.profiler import ProfileOptions, profile
 from korch.search.candidates import CandidateOptions, enumerate_candidates
 
 
@@ -92,7 +94,7 @@ def main() -> int:
     cut = regions(fission, found.partitions)
     scratch = tempfile.TemporaryDirectory()
     needed = {v for r in cut.values() if not isinstance(r, str) for v in r[1] + r[2]}
-    values = _spill_activations(graph, needed, Path(scratch.name))
+    values = spill_activations(graph, needed, Path(scratch.name))
     print(f"{'part':>4} {'prims':>5} {'korch best ms':>13} {'seed ms':>8} {'ORT region ms':>13}  check")
     total = {"korch": 0.0, "ort": 0.0, "mix": 0.0}
     for part in found.partitions:
@@ -109,9 +111,9 @@ def main() -> int:
             opts.intra_op_num_threads = torch.get_num_threads()
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as in a plan
             sess = ort.InferenceSession(sub.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-            feeds = {fission.onnx_names[v]: _load(values[v]) for v in ins}
+            feeds = {fission.onnx_names[v]: load_array(values[v]) for v in ins}
             got = sess.run(None, feeds)
-            err = max(check.rel_err(g, _load(values[v])) for g, v in zip(got, outs))
+            err = max(check.rel_err(g, load_array(values[v])) for g, v in zip(got, outs))
             ort_ms = time_fn(lambda f: sess.run(None, f), [feeds], "cpu", 0.2)[0]  # noqa: B023 (called here)
             print(
                 f"{part.index:4d} {part.stop - part.start:5d} {best:13.3f} {seed:8.3f} {ort_ms:13.3f}  "

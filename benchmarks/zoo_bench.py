@@ -97,9 +97,9 @@ def run_model(name: str, args, ceilings: dict, out: Path) -> dict:
         # same budget again would spend it profiling what the first run had no time for)
         again = optimize(path, options=dataclasses.replace(options, time_budget=0))
         warm_s = time.perf_counter() - start
-        hits = again.meta["profiling"]
+        hits = again.meta.profiling
     err = plan.verify()
-    measured = plan.meta.get("measured") or {}
+    measured = plan.meta.measured or {}
     # in the log before the peers compile: a run cut short by a time limit still says this much
     print(
         f"{name}: optimized in {cold_s:.1f} s, {len(plan.kernels)} kernels, predicted "
@@ -112,15 +112,15 @@ def run_model(name: str, args, ceilings: dict, out: Path) -> dict:
         "model": name,
         "device": args.device,
         "backends": options.backends,
-        "primitives": meta["fission"]["primitives"],
+        "primitives": meta.fission["primitives"],
         "kernels": len(plan.kernels),
         "source_model_only": [k.spec.key[: len(SOURCE_MODEL_PREFIX)] for k in plan.kernels]
         == [SOURCE_MODEL_PREFIX],
-        "greedy_kernels": meta["greedy_kernels"],
+        "greedy_kernels": meta.greedy_kernels,
         "predicted_ms": plan.predicted_ms,
-        "greedy_ms": meta["greedy_ms"],
-        "solver": meta["solver"],
-        "profiling": meta["profiling"],
+        "greedy_ms": meta.greedy_ms,
+        "solver": meta.solver,
+        "profiling": meta.profiling,
         "optimize_cold_s": round(cold_s, 1),
         "optimize_warm_s": round(warm_s, 1) if warm_s is not None else None,
         "warm_cache_hit_rate": hits["cache_hits"] / max(hits["cache_hits"] + hits["profiled"], 1),

@@ -17,22 +17,25 @@ from types import MappingProxyType
 
 import onnx
 
-from korch.backends import device_name, get_backends
-from korch.config import VERSION
+from korch.backends import get_backends
+from korch.config import PRIORITY_SHARE, RUNOFF, RUNOFF_ROUNDS, RUNOFF_SIGNIFICANCE, WHOLE_GRAPH_REACH
 from korch.errors import KorchError, first_line
 from korch.frontend import FissionResult, import_onnx
 from korch.ir.graph import Graph, Node
 from korch.ir.prims import Prim
 from korch.measure import busy, check
+from korch.measure.device import device_name
 from korch.measure.roofline import half_matmuls, measure_ceilings
 from korch.orchestrate.alternatives import rejected_alternatives
-from korch.orchestrate.solve_measure import certify, least_calls, search_profiler
+from korch.orchestrate.solve_measure import SearchReport, certify, least_calls, search_profiler
 from korch.orchestrate.solver import Choice, Solution, greedy, solve
+from korch.plan.meta import PlanMeta, built_with
 from korch.plan.plan import Plan, build_plan
 from korch.plan.runtime import interleave
 from korch.profile.database import ProfileDB
 from korch.profile.profiler import ProfileOptions, Profiler, ProfileResult, essential, spread_s
-from korch.rewrite import Timer, rewrite
+from korch.profile.rewrite_timing import RewriteTimer
+from korch.rewrite import rewrite
 from korch.search.candidates import (
     WHOLE_GRAPH,
     Candidate,
@@ -43,12 +46,6 @@ from korch.search.candidates import (
     make_candidate,
 )
 from korch.search.kernel import SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX, KernelSpec
-
-WHOLE_GRAPH_REACH = 10.0  # whole-graph plans isolated within this factor of the best measured are measured
-RUNOFF = 1.15  # measured plans within this factor of the fastest (by minima) are timed again side by side
-RUNOFF_ROUNDS = 8
-PRIORITY_SHARE = 0.5  # of --time-budget, at most, for the kernels that make plans alone (then search)
-RUNOFF_SIGNIFICANCE = 0.05  # a plan replaces the source model when a sign test over the rounds says so
 
 log = logging.getLogger("korch")
 
@@ -67,7 +64,7 @@ class OptimizeOptions:
     min_time: float = 0.02  # seconds of timed calls per kernel
     executor: str = "local"  # or "ray": compile jobs spread over a Ray cluster
     ray_address: str | None = None
-    measure: bool = True  # time each plan in place (meta["measured"]) and re-solve with those timings
+    measure: bool = True  # time each plan in place (PlanMeta.measured) and re-solve with those timings
     refine_rounds: int = 2  # re-solves with in-place timings (when measure is on)
     rewrite: bool = True  # rewrites of the graph that save work (korch.rewrite)
 
@@ -280,91 +277,42 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     backends = get_backends(list(options.backends) if options.backends else None, options.device)
     db = ProfileDB(options.cache)
     try:
-        graph, rewrites = (
-            rewrite(fission.graph, Timer(options.device, db)) if options.rewrite else (fission.graph, [])
-        )
-        bounds = CandidateOptions(max_size=options.max_size)
-        found = enumerate_candidates(graph, bounds)
-        note = found.lowered_note(bounds.max_size, bounds.max_per_partition)
-        if note:
-            _say(options, note)
-        alone = unfused(graph, [b.name for b in backends])
-        seeds = add_seeds(graph, found, alone) if options.seeds else 0
-        specs = {}
-        original = original_model_seed(graph, fission.model) if options.seeds and fission.model else None
-        if original:
-            found.candidates.append(original[0])
-            specs[original[0].key] = original[1]
-            seeds += 1
+        timer = RewriteTimer(options.device, db)
+        graph, rewrites = rewrite(fission.graph, timer) if options.rewrite else (fission.graph, [])
+        found, seeds, specs = _candidates(graph, fission, backends, options)
         _say(
             options,
             f"{len(graph.nodes)} primitives ({len(rewrites)} rewrites), {len(found.candidates)} "
             f"candidates ({time.perf_counter() - started:.1f}s)",
         )
         ceilings = dict(measure_ceilings(options.device, half_matmuls(graph)))
-        popts = ProfileOptions(
-            device=options.device,
-            jobs=options.jobs,
-            time_budget=options.time_budget,
-            progress=options.progress,
-            min_time=options.min_time,
-            executor=options.executor,
-            ray_address=options.ray_address,
-            whole_graph=True,
-        )
-        with Profiler(graph, found, backends, db, popts, specs) as profiler:
-            budget = options.time_budget
-            end = None if budget is None else profiler.started + budget
-            # without a budget, everything; with one, what makes a plan alone (the source model,
-            # seeds, singles) within a share of it, and the search spends the rest on the kernels
-            # its solutions use
-            queue = profiler.queue()
-            if budget is not None:
-                queue = [job for job in queue if essential(job)]
-            profiler.measure(queue, None if budget is None else profiler.started + PRIORITY_SHARE * budget)
-            profiler.cover()  # (where those are no plan: one backend, Inductor, and no seeds)
-            floors = least_calls(profiler, backends)
-
-            def say(message: str) -> None:
-                _say(options, message)
-
-            report = search_profiler(
-                graph,
-                found,
-                profiler,
-                end,
-                ceilings,
-                floors,
-                options.solver_time_limit,
-                lambda m: _say(options, m),
-            )
-        profiles = profiler.result
-        report.profiling_seconds = profiles.seconds
+        profiles, report = _profile(graph, found, backends, db, specs, ceilings, options)
     finally:
         db.close()
     solution, baseline = _select(graph, found, profiles.cost, options.solver_time_limit, profiles)
     certify(report, solution.objective_ms)  # the optimum over measured costs, before refining
-    meta = {
-        "versions": _versions(backends),
-        "device_name": device_name(options.device),
-        "fission": {
+    meta = PlanMeta(
+        versions=built_with(backends),
+        device_name=device_name(options.device),
+        fission={
             "source": fission.source,
             "onnx_nodes" if fission.source == "onnx" else "aten_nodes": fission.onnx_nodes,
             "primitives": len(graph.nodes),
             "opaque_ops": fission.opaque_ops,
         },
-        "rewrites": rewrites,
-        "candidates": {**found.summary(), "seeds": seeds},
-        "profiling": profiles.summary(),
-        "greedy_ms": baseline.objective_ms if baseline else None,
-        "greedy_kernels": len(baseline.chosen) if baseline else None,
-        "ceilings": ceilings,
-        "input_bounds": check.input_bounds(graph),
-        "index_limits": check.index_limits(graph),
-    }
+        rewrites=rewrites,
+        candidates={**found.summary(), "seeds": seeds},
+        profiling=profiles.summary(),
+        greedy_ms=baseline.objective_ms if baseline else None,
+        greedy_kernels=len(baseline.chosen) if baseline else None,
+        ceilings=ceilings,
+        input_bounds=check.input_bounds(graph),
+        index_limits=check.index_limits(graph),
+    )
 
     def make_plan(solution: Solution) -> Plan:
-        plan = build_plan(graph, solution, options.device, {**meta, "solver": solution.summary()}, specs)
+        solved = dataclasses.replace(meta, solver=solution.summary())
+        plan = build_plan(graph, solution, options.device, solved, specs)
         plan.model = fission.model
         return plan
 
@@ -372,11 +320,72 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
         plan, solution = _refine(graph, found, profiles, solution, make_plan, options)
     else:
         plan = make_plan(solution)
-    plan.meta["alternatives"] = rejected_alternatives(solution, found.candidates, profiles)
-    plan.meta["search"] = report.summary()
-    plan.meta["decided_by"] = decided_by(plan)
-    plan.meta["seconds"] = round(time.perf_counter() - started, 3)
+    plan.meta.alternatives = rejected_alternatives(solution, found.candidates, profiles)
+    plan.meta.search = report.summary()
+    plan.meta.decided_by = decided_by(plan)
+    plan.meta.seconds = round(time.perf_counter() - started, 3)
     return plan
+
+
+def _candidates(
+    graph: Graph, fission: FissionResult, backends, options: OptimizeOptions
+) -> tuple[CandidateSet, int, dict[str, KernelSpec]]:
+    """The candidate kernels with the seeds (each partition and the whole graph as one kernel, the
+    source model run whole): (candidates, how many seeds, the specs no subgraph gives)."""
+    bounds = CandidateOptions(max_size=options.max_size)
+    found = enumerate_candidates(graph, bounds)
+    note = found.lowered_note(bounds.max_size, bounds.max_per_partition)
+    if note:
+        _say(options, note)
+    alone = unfused(graph, [b.name for b in backends])
+    seeds = add_seeds(graph, found, alone) if options.seeds else 0
+    specs = {}
+    original = original_model_seed(graph, fission.model) if options.seeds and fission.model else None
+    if original:
+        found.candidates.append(original[0])
+        specs[original[0].key] = original[1]
+        seeds += 1
+    return found, seeds, specs
+
+
+def _profile(
+    graph: Graph, found: CandidateSet, backends, db: ProfileDB, specs: dict, ceilings: dict, options
+) -> tuple[ProfileResult, SearchReport]:
+    """Profiling, then the search with bounds. Without a budget everything is profiled; with one,
+    what makes a plan alone (the source model, seeds, singles) within a share of it, and the search
+    spends the rest on the kernels its solutions use."""
+    popts = ProfileOptions(
+        device=options.device,
+        jobs=options.jobs,
+        time_budget=options.time_budget,
+        progress=options.progress,
+        min_time=options.min_time,
+        executor=options.executor,
+        ray_address=options.ray_address,
+        whole_graph=True,
+    )
+    with Profiler(graph, found, backends, db, popts, specs) as profiler:
+        budget = options.time_budget
+        end = None if budget is None else profiler.started + budget
+        queue = profiler.queue()
+        if budget is not None:
+            queue = [job for job in queue if essential(job)]
+        profiler.measure(queue, None if budget is None else profiler.started + PRIORITY_SHARE * budget)
+        profiler.cover()  # (where those are no plan: one backend, Inductor, and no seeds)
+        floors = least_calls(profiler, backends)
+        report = search_profiler(
+            graph,
+            found,
+            profiler,
+            end,
+            ceilings,
+            floors,
+            options.solver_time_limit,
+            lambda m: _say(options, m),
+        )
+    profiles = profiler.result
+    report.profiling_seconds = profiles.seconds
+    return profiles, report
 
 
 def extra_per_kernel(timed: list[tuple[str, float, float]]) -> dict[str, float]:
@@ -410,7 +419,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
 
     def calibrate(plan: Plan) -> None:
         timed = []
-        for k, ms in zip(plan.kernels, plan.meta["measured"]["kernels_ms"]):
+        for k, ms in zip(plan.kernels, plan.meta.measured["kernels_ms"]):
             in_place[(k.spec.key, k.backend)] = ms
             alone = profiles.profiles.get(k.spec.key, {}).get(k.backend)
             if alone is not None and alone.cost_ms < math.inf:
@@ -426,7 +435,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         nonlocal best
         seen.add(chosen(solution))
         plan = make_plan(solution)
-        measured = plan.meta["measured"] = measure_in_place(plan, spread_s=spread)
+        measured = plan.meta.measured = measure_in_place(plan, spread_s=spread)
         measured_plans.append((plan, solution))
         _say(
             options,
@@ -435,7 +444,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
             + (", other processes kept the CPU busy" if measured["disturbed"] else ""),
         )
         # minima: a shared machine's interference inflates medians of a few runs, never minima
-        if best is None or measured["min_ms"] < best[0].meta["measured"]["min_ms"]:
+        if best is None or measured["min_ms"] < best[0].meta.measured["min_ms"]:
             best = (plan, solution)
         if calibrating:
             calibrate(plan)
@@ -450,7 +459,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
     # a neighbour when it was profiled (the database keeps it) must not hide them. A neighbour
     # about doubles a timing: one isolated at WHOLE_GRAPH_REACH times the best measured is hopeless.
     for whole in _whole_graph_solutions(graph, found, profiles, solution):
-        reach = WHOLE_GRAPH_REACH * best[0].meta["measured"]["min_ms"]
+        reach = WHOLE_GRAPH_REACH * best[0].meta.measured["min_ms"]
         if chosen(whole) in seen or whole.objective_ms > reach:
             continue
         try:  # no re-solve follows, and its timing is a whole model
@@ -458,17 +467,17 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         except Exception as e:  # built and run here, not in a worker: out of memory, say
             log.warning("korch: a whole-graph plan could not be measured in place (%s)", first_line(e, 160))
     best, runoff = _runoff(best, measured_plans, spread, options)
-    best[0].meta["refine"] = [
+    best[0].meta.refine = [
         {
             "kernels": len(plan.kernels),
             "predicted_ms": plan.predicted_ms,
-            "measured_ms": plan.meta["measured"]["ms"],
-            "min_ms": plan.meta["measured"]["min_ms"],
+            "measured_ms": plan.meta.measured["ms"],
+            "min_ms": plan.meta.measured["min_ms"],
         }
         for plan, _ in measured_plans
     ]
-    best[0].meta["runoff"] = runoff
-    best[0].meta["extra_ms_per_kernel"] = {b: round(v, 6) for b, v in extra.items()}
+    best[0].meta.runoff = runoff
+    best[0].meta.extra_ms_per_kernel = {b: round(v, 6) for b, v in extra.items()}
     return best
 
 
@@ -481,8 +490,8 @@ def _runoff(best, measured: list, spread_s: float, options: OptimizeOptions | No
     it only when consistently faster (korch.pipeline.consistently_faster), not by a margin the
     machine's noise makes (two copies of one ONNX Runtime session differ by 2-4% side by side).
     (best, what the runoff measured or None)."""
-    limit = RUNOFF * best[0].meta["measured"]["min_ms"]
-    close = [m for m in measured if m[0].meta["measured"]["min_ms"] <= limit]
+    limit = RUNOFF * best[0].meta.measured["min_ms"]
+    close = [m for m in measured if m[0].meta.measured["min_ms"] <= limit]
     if len(close) < 2:
         return best, None
     _say(options, f"{len(close)} plans within {RUNOFF - 1:.0%} of the fastest run again side by side")
@@ -495,7 +504,7 @@ def _runoff(best, measured: list, spread_s: float, options: OptimizeOptions | No
     rounds = interleave(calls, RUNOFF_ROUNDS, block_s, close[0][0].device, round_pause_s=pause)
     medians = [statistics.median(ms for r in rounds[i] for ms in r) for i in range(len(close))]
     winner = medians.index(min(medians))
-    first = [round(p.meta["measured"]["min_ms"], 6) for p, _ in close]
+    first = [round(p.meta.measured["min_ms"], 6) for p, _ in close]
     report = {"min_ms": first, "medians_ms": [round(m, 6) for m in medians]}
     source = next((i for i, (plan, _) in enumerate(close) if _is_source_model(plan)), None)
     if source is not None and winner != source:
@@ -571,20 +580,3 @@ def _say(options: OptimizeOptions | None, message: str) -> None:
     """A line of progress on stderr (the phases before and after profiling take seconds too)."""
     if options is not None and options.progress:
         print(f"korch: {message}", file=sys.stderr, flush=True)
-
-
-def _versions(backends) -> dict[str, str]:
-    import numpy
-    import onnxruntime
-    import torch
-
-
-    out = {
-        "korch": VERSION,
-        "torch": torch.__version__,
-        "onnxruntime": onnxruntime.__version__,
-        "onnx": onnx.__version__,
-        "numpy": numpy.__version__,
-    }
-    out.update({f"backend:{b.name}": b.version() for b in backends})
-    return out

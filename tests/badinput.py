@@ -338,7 +338,7 @@ def _plan_damage() -> dict[str, Callable[[Path], None]]:
         "truncated-plan-json": lambda d: _truncate(d / "plan.json"),
         "plan-json-a-list": lambda d: (d / "plan.json").write_text("[1, 2]"),
         "plan-json-binary": lambda d: (d / "plan.json").write_bytes(b"\xff\xfe\x00garbage"),
-        "wrong-format": set_field("format", "korch.plan.plan/999"),
+        "wrong-format": set_field("format", "korch.plan/999"),
         "no-format": lambda d: _edit_json(d / "plan.json", lambda doc: doc.pop("format")),
         "kernels-not-a-list": set_field("kernels", 7),
         "inputs-missing": lambda d: _edit_json(d / "plan.json", lambda doc: doc.pop("inputs")),

@@ -16,3 +16,11 @@ def zoo_dir(tmp_path_factory):
     """Zoo models are built once per session (or reused from $KORCH_ZOO when set)."""
     env = os.environ.get("KORCH_ZOO")
     return Path(env) if env else tmp_path_factory.mktemp("zoo")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/e2e/ is end to end (marked e2e) without saying so in each file."""
+    e2e = HERE / "e2e"
+    for item in items:
+        if e2e in item.path.parents:
+            item.add_marker(pytest.mark.e2e)

@@ -1,8 +1,8 @@
 """The eager backend: one primitive run by its PyTorch operation (ATen's own kernel, nothing to
-compile). Every primitive then has a kernel within milliseconds of profiling, so a time budget goes
-to fusions. It matters on CUDA, where each single-primitive kernel from Inductor is a Triton
-compile of a second or more and ONNX Runtime usually has no CUDA provider; on CPU ONNX Runtime
-covers single primitives as cheaply, so eager is not a default there."""
+compile). Every primitive then has a kernel as soon as profiling starts, so a time budget goes
+to fusions. It matters on CUDA, where each single-primitive kernel from Inductor is a slow Triton
+compile and ONNX Runtime usually has no CUDA provider; on CPU ONNX Runtime covers single
+primitives as cheaply, so eager is not a default there."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import torch
 from korch.backends import Backend, CompiledKernel, onnx_patterns, source_digest, torch_ops
 from korch.backends.torch_ops import graph_function
 from korch.ir.prims import Prim
+from korch.measure.device import example_tensors
 from korch.search.kernel import KernelSpec
 
 _DEFINITION = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
@@ -46,9 +47,9 @@ def static_shapes(inputs: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
     """Fake copies of `inputs` with fixed sizes, in a tracing context whose fake-tensor mode has a
     shape environment, for compile_fx. Inductor's caches on disk (the FX graph cache, AOT
     autograd's) need that environment: without it they were bypassed, so every compile of the
-    same kernel lowered it and generated its code again (YOLOX-nano's whole graph: 4-7 s on CPU,
-    paid by the compile worker, the timing worker and the plan measured in place; a hit takes
-    0.3 s). The sizes stay constants, so the code is the same as compiled from real inputs."""
+    same kernel lowered it and generated its code again, paid by the compile worker, the timing
+    worker and the plan measured in place (a cache hit skips both). The sizes stay constants, so
+    the code is the same as compiled from real inputs."""
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -76,8 +77,6 @@ class InductorBackend(Backend):
     def compile(self, spec: KernelSpec, device: str) -> CompiledKernel:
         from torch._inductor.compile_fx import compile_fx
         from torch.fx.experimental.proxy_tensor import make_fx
-
-        from korch.profile.profiler import example_tensors
 
         with outside_dynamo():  # (korch may be called from inside a Dynamo trace)
             examples = example_tensors(spec.graph, device)

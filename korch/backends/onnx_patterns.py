@@ -4,9 +4,9 @@ InstanceNormalization, Split), or as a MatMul (a small linear resize along the l
 that ONNX Runtime's own kernels and fusions apply to a kernel graph as they do to the source model.
 Its NCHWc convolutions take Relu, Clip, HardSigmoid and HardSwish as fused activations but not
 their primitives, and a Max or Min left between two convolutions costs two layout conversions
-besides its own pass (EfficientViT: 16.8 ms as primitives against 12.3 ms for the source model;
-10.6 ms fused). Its Gather along an inner axis is slow: Segformer's four bilinear resizes took 24
-ms as gathers and lerps, 2.7 ms as Resize."""
+besides its own pass, so a kernel graph of such primitives runs slower than the source model.
+Its Gather along an inner axis is slow: a bilinear resize runs many times faster as Resize than
+as gathers and lerps."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from korch.frontend.onnx.rules_resize import COORDINATE_MODES, linear_taps, source_coords
+from korch.frontend.ops.sampling import COORDINATE_MODES, linear_taps, source_coords
 from korch.ir.graph import Graph, Node
 from korch.ir.prims import Prim, is_float, repeat_factor
 
@@ -325,9 +325,7 @@ def _linear_modes(in_len: int, out_len: int, lo, hi, weights) -> set[str]:
 
 # A linear interpolation along one of the last two axes is a matmul by a constant matrix with two
 # taps a row. ONNX Runtime's MatMul runs it faster than its Resize while the matmuls do little
-# work per output element (on the 2-core CPU: 256 channels 8 -> 64, 18 FLOPs an output, 0.51
-# against 1.37 ms; 16 -> 64, 40 FLOPs, 0.53 against 1.36), about as fast at 96 (32 -> 64: 1.11
-# against 1.32) and slower past it (112 -> 224, 336 FLOPs: 6.4 against 3.6).
+# work per output element, and slower once they do much more (the crossover: BENCHMARKS.md).
 MATMUL_RESIZE_FLOPS = 64  # per output element, at most
 
 

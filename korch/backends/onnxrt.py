@@ -6,6 +6,7 @@ model run whole is one such kernel, its bytes handed to ONNX Runtime as they are
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -15,57 +16,11 @@ from onnx import helper, numpy_helper
 from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, source_digest
 from korch.backends.onnx_patterns import fuse, split_groups
 from korch.frontend.onnx.tensor_types import to_onnx_dtype
-from korch.ir.graph import Graph
+from korch.ir.graph import Graph, Node
 from korch.ir.prims import Kind, Prim
 from korch.search.kernel import KernelSpec, runs_alone
 
 OPSET = 18
-
-_SIMPLE = {
-    Prim.NEG: "Neg",
-    Prim.ABS: "Abs",
-    Prim.EXP: "Exp",
-    Prim.LOG: "Log",
-    Prim.SQRT: "Sqrt",
-    Prim.RECIPROCAL: "Reciprocal",
-    Prim.ERF: "Erf",
-    Prim.TANH: "Tanh",
-    Prim.SIGMOID: "Sigmoid",
-    Prim.FLOOR: "Floor",
-    Prim.CEIL: "Ceil",
-    Prim.ROUND: "Round",
-    Prim.SIN: "Sin",
-    Prim.COS: "Cos",
-    Prim.ATAN: "Atan",
-    Prim.SIGN: "Sign",
-    Prim.NOT: "Not",
-    Prim.ADD: "Add",
-    Prim.SUB: "Sub",
-    Prim.MUL: "Mul",
-    Prim.DIV: "Div",
-    Prim.POW: "Pow",
-    Prim.MAX: "Max",
-    Prim.MIN: "Min",
-    Prim.EQ: "Equal",
-    Prim.LT: "Less",
-    Prim.GT: "Greater",
-    Prim.AND: "And",
-    Prim.OR: "Or",
-    Prim.XOR: "Xor",
-    Prim.WHERE: "Where",
-    Prim.MATMUL: "MatMul",
-    Prim.CONCAT: "Concat",
-    Prim.TRANSPOSE: "Transpose",
-    Prim.GATHER: "Gather",
-    Prim.ARGMAX: "ArgMax",
-    Prim.ARGMIN: "ArgMin",
-}
-_REDUCE = {
-    Prim.REDUCE_SUM: "ReduceSum",
-    Prim.REDUCE_MAX: "ReduceMax",
-    Prim.REDUCE_MIN: "ReduceMin",
-    Prim.REDUCE_PROD: "ReduceProd",
-}
 
 
 class _Writer:
@@ -76,6 +31,7 @@ class _Writer:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.alias: dict[str, str] = {}
+        self.elide = _elidable_broadcasts(graph)  # broadcasts left to ONNX's implicit broadcasting
 
     def name(self, v: str) -> str:
         return self.alias.get(v, v)
@@ -107,64 +63,142 @@ def _elidable_broadcasts(graph: Graph) -> set[str]:
     }
 
 
-def _emit(w: _Writer, node, elide: set[str]) -> None:
-    g, a = w.graph, node.a
-    ins = [w.name(v) for v in node.inputs]
-    out = node.outputs[0]
-    if node.prim in _SIMPLE:
-        attrs = {}
-        if node.prim is Prim.CONCAT or node.prim in (Prim.GATHER, Prim.ARGMAX, Prim.ARGMIN):
-            attrs["axis"] = a["axis"]
-        if node.prim in (Prim.ARGMAX, Prim.ARGMIN):
-            attrs["keepdims"] = 1
-        if node.prim is Prim.TRANSPOSE:
-            attrs["perm"] = list(a["perm"])
-        w.add(_SIMPLE[node.prim], ins, [out], **attrs)
-    elif node.prim is Prim.CAST:
-        w.add("Cast", ins, [out], to=to_onnx_dtype(a["to"]))
-    elif node.prim is Prim.BROADCAST:
-        if out in elide:
-            w.alias[out] = ins[0]
-        else:
-            w.add("Expand", [ins[0], w.const(np.array(a["shape"], "int64"), "shape")], [out])
-    elif node.prim in _REDUCE:
-        w.add(_REDUCE[node.prim], [ins[0], w.const(np.array(a["axes"], "int64"), "axes")], [out], keepdims=1)
-    elif node.prim is Prim.RESHAPE:
-        w.add("Reshape", [ins[0], w.const(np.array(a["shape"], "int64"), "shape")], [out])
-    elif node.prim is Prim.SLICE:
-        dims = g.types[node.inputs[0]].shape
-        ends = []
-        for dim, start, step, size in zip(dims, a["starts"], a["steps"], a["sizes"]):
-            end = start + (size - 1) * step + (1 if step > 0 else -1) if size else start
-            ends.append(end if end >= 0 else -(dim + 1))  # a negative end would count from the back
-        arrays = [a["starts"], ends, list(range(len(dims))), a["steps"]]
-        w.add("Slice", [ins[0], *(w.const(np.array(x, "int64"), "slice") for x in arrays)], [out])
-    elif node.prim is Prim.PAD:
-        dtype = g.types[node.inputs[0]].dtype
-        value = w.const(np.array(a["value"], dtype), "value")
-        w.add("Pad", [ins[0], w.const(np.array(a["pads"], "int64"), "pads"), value], [out], mode=a["mode"])
-    elif node.prim in (Prim.CONV, Prim.CONV_TRANSPOSE):
-        attrs = {
-            "strides": list(a["strides"]),
-            "pads": list(a["pads"]),
-            "dilations": list(a["dilations"]),
-            "group": a["group"],
-        }
-        if node.prim is Prim.CONV_TRANSPOSE:
-            attrs["output_padding"] = list(a["output_padding"])
-        w.add("Conv" if node.prim is Prim.CONV else "ConvTranspose", ins, [out], **attrs)
-    elif node.prim is Prim.SCATTER:
-        rows = w.const(np.array([-1, 1], "int64"), "rows")
-        index = f"{out}_index"
-        w.add("Cast", [ins[1]], [f"{out}_long"], to=onnx.TensorProto.INT64)
-        w.add("Reshape", [f"{out}_long", rows], [index])
-        w.add("ScatterND", [ins[0], index, ins[2]], [out], reduction=a["reduction"])
-    elif node.prim is Prim.ARGSORT:
-        k = w.const(np.array([g.types[out].shape[a["axis"]]], "int64"), "k")
-        largest = int(a["descending"])
-        w.add("TopK", [ins[0], k], [f"{out}_values", out], axis=a["axis"], largest=largest, sorted=1)
+Emitter = Callable[[_Writer, Node, list[str], str], None]  # (writer, node, input names, output name)
+
+
+def _op(op_type: str, *copied: str, **fixed) -> Emitter:
+    """One ONNX operator on the primitive's operands: the primitive's attributes named in `copied`
+    (sequences as lists) and `fixed` ones."""
+
+    def emit(w: _Writer, node: Node, ins: list[str], out: str) -> None:
+        attrs = {k: list(node.a[k]) if isinstance(node.a[k], (tuple, list)) else node.a[k] for k in copied}
+        w.add(op_type, ins, [out], **attrs, **fixed)
+
+    return emit
+
+
+def _int64s(w: _Writer, values, hint: str) -> str:
+    return w.const(np.array(values, "int64"), hint)
+
+
+def _reduce(op_type: str) -> Emitter:
+    def emit(w: _Writer, node: Node, ins: list[str], out: str) -> None:
+        w.add(op_type, [ins[0], _int64s(w, node.a["axes"], "axes")], [out], keepdims=1)
+
+    return emit
+
+
+def _shaped(op_type: str) -> Emitter:
+    """An operator taking the primitive's shape attribute as its second operand."""
+
+    def emit(w: _Writer, node: Node, ins: list[str], out: str) -> None:
+        w.add(op_type, [ins[0], _int64s(w, node.a["shape"], "shape")], [out])
+
+    return emit
+
+
+_expand = _shaped("Expand")
+
+
+def _broadcast(w: _Writer, node: Node, ins: list[str], out: str) -> None:
+    if out in w.elide:
+        w.alias[out] = ins[0]
     else:
+        _expand(w, node, ins, out)
+
+
+def _slice(w: _Writer, node: Node, ins: list[str], out: str) -> None:
+    a, dims = node.a, w.graph.types[node.inputs[0]].shape
+    ends = []
+    for dim, start, step, size in zip(dims, a["starts"], a["steps"], a["sizes"]):
+        end = start + (size - 1) * step + (1 if step > 0 else -1) if size else start
+        ends.append(end if end >= 0 else -(dim + 1))  # a negative end would count from the back
+    arrays = [a["starts"], ends, list(range(len(dims))), a["steps"]]
+    w.add("Slice", [ins[0], *(_int64s(w, x, "slice") for x in arrays)], [out])
+
+
+def _pad(w: _Writer, node: Node, ins: list[str], out: str) -> None:
+    value = w.const(np.array(node.a["value"], w.graph.types[node.inputs[0]].dtype), "value")
+    w.add("Pad", [ins[0], _int64s(w, node.a["pads"], "pads"), value], [out], mode=node.a["mode"])
+
+
+def _scatter(w: _Writer, node: Node, ins: list[str], out: str) -> None:
+    index = f"{out}_index"
+    w.add("Cast", [ins[1]], [f"{out}_long"], to=onnx.TensorProto.INT64)
+    w.add("Reshape", [f"{out}_long", _int64s(w, [-1, 1], "rows")], [index])
+    w.add("ScatterND", [ins[0], index, ins[2]], [out], reduction=node.a["reduction"])
+
+
+def _argsort(w: _Writer, node: Node, ins: list[str], out: str) -> None:
+    axis = node.a["axis"]
+    k = _int64s(w, [w.graph.types[out].shape[axis]], "k")
+    largest = int(node.a["descending"])
+    w.add("TopK", [ins[0], k], [f"{out}_values", out], axis=axis, largest=largest, sorted=1)
+
+
+_CONV = ("strides", "pads", "dilations", "group")
+
+# each primitive as ONNX operators (opset OPSET). None for WINDOW (ONNX has it only inside a pool,
+# which onnx_patterns fuses), GROUPED_MATMUL (no ONNX equivalent) and OPAQUE (its own model, to_onnx)
+EMITTERS: dict[Prim, Emitter] = {
+    Prim.NEG: _op("Neg"),
+    Prim.ABS: _op("Abs"),
+    Prim.EXP: _op("Exp"),
+    Prim.LOG: _op("Log"),
+    Prim.SQRT: _op("Sqrt"),
+    Prim.RECIPROCAL: _op("Reciprocal"),
+    Prim.ERF: _op("Erf"),
+    Prim.TANH: _op("Tanh"),
+    Prim.SIGMOID: _op("Sigmoid"),
+    Prim.FLOOR: _op("Floor"),
+    Prim.CEIL: _op("Ceil"),
+    Prim.ROUND: _op("Round"),
+    Prim.SIN: _op("Sin"),
+    Prim.COS: _op("Cos"),
+    Prim.ATAN: _op("Atan"),
+    Prim.SIGN: _op("Sign"),
+    Prim.NOT: _op("Not"),
+    Prim.CAST: lambda w, node, ins, out: w.add("Cast", ins, [out], to=to_onnx_dtype(node.a["to"])),
+    Prim.ADD: _op("Add"),
+    Prim.SUB: _op("Sub"),
+    Prim.MUL: _op("Mul"),
+    Prim.DIV: _op("Div"),
+    Prim.POW: _op("Pow"),
+    Prim.MAX: _op("Max"),
+    Prim.MIN: _op("Min"),
+    Prim.EQ: _op("Equal"),
+    Prim.LT: _op("Less"),
+    Prim.GT: _op("Greater"),
+    Prim.AND: _op("And"),
+    Prim.OR: _op("Or"),
+    Prim.XOR: _op("Xor"),
+    Prim.WHERE: _op("Where"),
+    Prim.BROADCAST: _broadcast,
+    Prim.REDUCE_SUM: _reduce("ReduceSum"),
+    Prim.REDUCE_MAX: _reduce("ReduceMax"),
+    Prim.REDUCE_MIN: _reduce("ReduceMin"),
+    Prim.REDUCE_PROD: _reduce("ReduceProd"),
+    Prim.ARGMAX: _op("ArgMax", "axis", keepdims=1),
+    Prim.ARGMIN: _op("ArgMin", "axis", keepdims=1),
+    Prim.ARGSORT: _argsort,
+    Prim.RESHAPE: _shaped("Reshape"),
+    Prim.TRANSPOSE: _op("Transpose", "perm"),
+    Prim.SLICE: _slice,
+    Prim.CONCAT: _op("Concat", "axis"),
+    Prim.PAD: _pad,
+    Prim.GATHER: _op("Gather", "axis"),
+    Prim.SCATTER: _scatter,
+    Prim.MATMUL: _op("MatMul"),
+    Prim.CONV: _op("Conv", *_CONV),
+    Prim.CONV_TRANSPOSE: _op("ConvTranspose", *_CONV, "output_padding"),
+}
+
+
+def _emit(w: _Writer, node: Node) -> None:
+    emitter = EMITTERS.get(node.prim)
+    if emitter is None:
         raise NotImplementedError(f"{node.prim.value} has no ONNX equivalent")
+    emitter(w, node, [w.name(v) for v in node.inputs], node.outputs[0])
 
 
 def to_onnx(graph: Graph, weights: Weights | None = None) -> onnx.ModelProto:
@@ -188,7 +222,6 @@ def to_onnx(graph: Graph, weights: Weights | None = None) -> onnx.ModelProto:
     w = _Writer(graph)
     for name, array in [*graph.constants.items(), *weights.items()]:
         w.inits.append(numpy_helper.from_array(np.asarray(array), name))
-    elide = _elidable_broadcasts(graph)
     fused = fuse(graph, weights)
     splits = split_groups(graph)
     absorbed = set().union(*(f.absorbed for f in fused.values()), *(s.absorbed for s in splits.values()))
@@ -202,7 +235,7 @@ def to_onnx(graph: Graph, weights: Weights | None = None) -> onnx.ModelProto:
             sizes = w.const(np.array(s.sizes, "int64"), "split")
             w.add("Split", [w.name(s.input), sizes], s.outputs, axis=s.axis)
         elif i not in absorbed:
-            _emit(w, node, elide)
+            _emit(w, node)
     for v, name in zip(graph.outputs, graph.output_names):
         w.add("Identity", [w.name(v)], [name])
     used = {v for n in w.nodes for v in n.input}  # a fused pattern's scalars are read no more
@@ -315,7 +348,7 @@ class OnnxRuntimeBackend(Backend):
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         source = _source_model(graph)
         # a plan holds many sessions, each with its own thread pool: spinning pools would fight;
-        # a kernel that is a plan by itself spins, 10-30% faster (YOLOX-nano: 8.0 against 10.5 ms)
+        # a kernel that is a plan by itself spins, which makes it faster
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if runs_alone(spec.key) else "0")
         cuda = device.startswith("cuda")
         providers = ["CUDAExecutionProvider"] if cuda else ["CPUExecutionProvider"]
@@ -334,7 +367,7 @@ class OnnxRuntimeBackend(Backend):
         if source is not None:
             in_names = [i.name for i in sess.get_inputs()]
         if not cuda:
-            # on CPU, plain run() on zero-copy numpy views beats IO binding by ~20 us a call
+            # on CPU, plain run() on zero-copy numpy views costs less a call than IO binding
             # (ONNX Runtime re-plans a binding whose buffers changed)
             def run(*inputs: torch.Tensor) -> list[torch.Tensor]:
                 feeds = {name: inputs[i].detach().contiguous().numpy() for name, i in zip(in_names, fed)}

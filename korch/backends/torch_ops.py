@@ -13,26 +13,6 @@ from korch.ir.graph import Graph
 from korch.ir.prims import Prim
 from korch.ir.tensors import DTYPES, to_tensor
 
-_UNARY: dict[Prim, Callable] = {
-    Prim.NEG: torch.neg,
-    Prim.ABS: torch.abs,
-    Prim.EXP: torch.exp,
-    Prim.LOG: torch.log,
-    Prim.SQRT: torch.sqrt,
-    Prim.RECIPROCAL: torch.reciprocal,
-    Prim.ERF: torch.erf,
-    Prim.TANH: torch.tanh,
-    Prim.SIGMOID: torch.sigmoid,
-    Prim.FLOOR: torch.floor,
-    Prim.CEIL: torch.ceil,
-    Prim.ROUND: torch.round,
-    Prim.SIN: torch.sin,
-    Prim.COS: torch.cos,
-    Prim.ATAN: torch.atan,
-    Prim.SIGN: torch.sign,
-    Prim.NOT: torch.logical_not,
-}
-
 
 def _div(a, b):
     if a.dtype.is_floating_point:
@@ -44,23 +24,6 @@ def _pow(a, b):
     if a.dtype.is_floating_point:
         return torch.pow(a, b)
     return torch.pow(a.double(), b.double()).trunc().to(a.dtype)
-
-
-_BINARY: dict[Prim, Callable] = {
-    Prim.ADD: torch.add,
-    Prim.SUB: torch.sub,
-    Prim.MUL: torch.mul,
-    Prim.DIV: _div,
-    Prim.POW: _pow,
-    Prim.MAX: torch.maximum,
-    Prim.MIN: torch.minimum,
-    Prim.EQ: torch.eq,
-    Prim.LT: torch.lt,
-    Prim.GT: torch.gt,
-    Prim.AND: torch.logical_and,
-    Prim.OR: torch.logical_or,
-    Prim.XOR: torch.logical_xor,
-}
 
 
 def _reduce(x, a, fn):
@@ -144,13 +107,13 @@ def _scatter(data, index, updates, reduction: str):
 
 def _grouped_matmul(x, w, ends):
     """On the CPU each group's rows by their matmul where the ends are sorted (torch's own grouped
-    kernel where it takes the operands: 10-15% faster than a matmul per group), by a mask of rows
+    kernel where it takes the operands: faster than a matmul per group), by a mask of rows
     per group elsewhere. On a GPU, where reading the ends on the host would keep the plan from
     replaying as a CUDA graph, on the device (`grouped_matmul_on_device`). Traced for Inductor,
     where the ends are not known: torch._grouped_mm on the device where it takes the operands
-    (the ends' clamp and the mask then fuse into Inductor's code: a Mixtral layer 8% faster than
-    through Python), else one call of the operator korch::grouped_matmul, which runs this
-    function on the real tensors (Inductor calls it as it calls a vendor library)."""
+    (the ends' clamp and the mask then fuse into Inductor's code, faster than through Python),
+    else one call of the operator korch::grouped_matmul, which runs this function on the real
+    tensors (Inductor calls it as it calls a vendor library)."""
     from torch._subclasses.fake_tensor import is_fake
 
     if is_fake(x):
@@ -181,7 +144,7 @@ def _grouped_matmul(x, w, ends):
 
 
 # korch::grouped_matmul, a grouped matmul as Inductor calls it: _grouped_matmul on real tensors, an
-# empty [S, N] while tracing (torch.library.custom_op's wrapper cost 0.1 ms more a call).
+# empty [S, N] while tracing (torch.library.custom_op's wrapper costs more a call).
 _LIBRARY = torch.library.Library("korch", "DEF")
 _LIBRARY.define("grouped_matmul(Tensor x, Tensor w, Tensor ends) -> Tensor")
 _LIBRARY.impl("grouped_matmul", _grouped_matmul, "CompositeExplicitAutograd")
@@ -262,39 +225,85 @@ def _conv_transpose(x, w, a):
     return y[tuple(crop)]
 
 
+Lowering = Callable[[Sequence[torch.Tensor], dict], torch.Tensor]  # (operands, attributes) -> result
+
+
+def _unary(fn: Callable) -> Lowering:
+    return lambda xs, a: fn(xs[0])
+
+
+def _binary(fn: Callable) -> Lowering:
+    return lambda xs, a: fn(xs[0], xs[1])
+
+
+def _sum(x, **kw):
+    return torch.sum(x, dtype=x.dtype, **kw)
+
+
+# each primitive as torch operations, with the numpy reference's semantics (korch.ir.prims.DEFS);
+# OPAQUE has none: ONNX Runtime runs it (tests/ir/test_primitive_table.py lists every primitive's lowerings)
+LOWERINGS: dict[Prim, Lowering] = {
+    Prim.NEG: _unary(torch.neg),
+    Prim.ABS: _unary(torch.abs),
+    Prim.EXP: _unary(torch.exp),
+    Prim.LOG: _unary(torch.log),
+    Prim.SQRT: _unary(torch.sqrt),
+    Prim.RECIPROCAL: _unary(torch.reciprocal),
+    Prim.ERF: _unary(torch.erf),
+    Prim.TANH: _unary(torch.tanh),
+    Prim.SIGMOID: _unary(torch.sigmoid),
+    Prim.FLOOR: _unary(torch.floor),
+    Prim.CEIL: _unary(torch.ceil),
+    Prim.ROUND: _unary(torch.round),
+    Prim.SIN: _unary(torch.sin),
+    Prim.COS: _unary(torch.cos),
+    Prim.ATAN: _unary(torch.atan),
+    Prim.SIGN: _unary(torch.sign),
+    Prim.NOT: _unary(torch.logical_not),
+    Prim.CAST: lambda xs, a: xs[0].to(DTYPES[a["to"]]),
+    Prim.ADD: _binary(torch.add),
+    Prim.SUB: _binary(torch.sub),
+    Prim.MUL: _binary(torch.mul),
+    Prim.DIV: _binary(_div),
+    Prim.POW: _binary(_pow),
+    Prim.MAX: _binary(torch.maximum),
+    Prim.MIN: _binary(torch.minimum),
+    Prim.EQ: _binary(torch.eq),
+    Prim.LT: _binary(torch.lt),
+    Prim.GT: _binary(torch.gt),
+    Prim.AND: _binary(torch.logical_and),
+    Prim.OR: _binary(torch.logical_or),
+    Prim.XOR: _binary(torch.logical_xor),
+    Prim.WHERE: lambda xs, a: torch.where(xs[0], xs[1], xs[2]),
+    Prim.BROADCAST: lambda xs, a: xs[0].expand(tuple(a["shape"])),
+    Prim.REDUCE_SUM: lambda xs, a: _reduce(xs[0], a, _sum),
+    Prim.REDUCE_MAX: lambda xs, a: _reduce(xs[0], a, torch.amax),
+    Prim.REDUCE_MIN: lambda xs, a: _reduce(xs[0], a, torch.amin),
+    Prim.REDUCE_PROD: lambda xs, a: _reduce_prod(xs[0], a),
+    Prim.ARGMAX: lambda xs, a: torch.argmax(xs[0], dim=a["axis"], keepdim=True),
+    Prim.ARGMIN: lambda xs, a: torch.argmin(xs[0], dim=a["axis"], keepdim=True),
+    Prim.ARGSORT: lambda xs, a: torch.argsort(xs[0], dim=a["axis"], descending=a["descending"], stable=True),
+    Prim.RESHAPE: lambda xs, a: xs[0].reshape(tuple(a["shape"])),
+    Prim.TRANSPOSE: lambda xs, a: xs[0].permute(tuple(a["perm"])),
+    Prim.SLICE: lambda xs, a: _slice(xs[0], a),
+    Prim.CONCAT: lambda xs, a: torch.cat(list(xs), dim=a["axis"]),
+    Prim.PAD: lambda xs, a: _pad(xs[0], a),
+    Prim.GATHER: lambda xs, a: _gather(xs[0], xs[1], a),
+    Prim.WINDOW: lambda xs, a: _window(xs[0], a),
+    Prim.SCATTER: lambda xs, a: _scatter(xs[0], xs[1], xs[2], a["reduction"]),
+    Prim.MATMUL: _binary(torch.matmul),
+    Prim.GROUPED_MATMUL: lambda xs, a: _grouped_matmul(xs[0], xs[1], xs[2]),
+    Prim.CONV: lambda xs, a: _conv(xs[0], xs[1], a),
+    Prim.CONV_TRANSPOSE: lambda xs, a: _conv_transpose(xs[0], xs[1], a),
+}
+
+
 def apply(prim: Prim, xs: Sequence[torch.Tensor], a: dict) -> list[torch.Tensor]:
     """One primitive on torch tensors, with the numpy reference's semantics."""
-    if prim in _UNARY:
-        return [_UNARY[prim](xs[0])]
-    if prim in _BINARY:
-        return [_BINARY[prim](xs[0], xs[1])]
-    simple = {
-        Prim.CAST: lambda: xs[0].to(DTYPES[a["to"]]),
-        Prim.WHERE: lambda: torch.where(xs[0], xs[1], xs[2]),
-        Prim.BROADCAST: lambda: xs[0].expand(tuple(a["shape"])),
-        Prim.REDUCE_SUM: lambda: _reduce(xs[0], a, lambda x, **kw: torch.sum(x, dtype=x.dtype, **kw)),
-        Prim.REDUCE_MAX: lambda: _reduce(xs[0], a, torch.amax),
-        Prim.REDUCE_MIN: lambda: _reduce(xs[0], a, torch.amin),
-        Prim.REDUCE_PROD: lambda: _reduce_prod(xs[0], a),
-        Prim.ARGMAX: lambda: torch.argmax(xs[0], dim=a["axis"], keepdim=True),
-        Prim.ARGMIN: lambda: torch.argmin(xs[0], dim=a["axis"], keepdim=True),
-        Prim.ARGSORT: lambda: torch.argsort(xs[0], dim=a["axis"], descending=a["descending"], stable=True),
-        Prim.RESHAPE: lambda: xs[0].reshape(tuple(a["shape"])),
-        Prim.TRANSPOSE: lambda: xs[0].permute(tuple(a["perm"])),
-        Prim.SLICE: lambda: _slice(xs[0], a),
-        Prim.CONCAT: lambda: torch.cat(list(xs), dim=a["axis"]),
-        Prim.PAD: lambda: _pad(xs[0], a),
-        Prim.GATHER: lambda: _gather(xs[0], xs[1], a),
-        Prim.WINDOW: lambda: _window(xs[0], a),
-        Prim.SCATTER: lambda: _scatter(xs[0], xs[1], xs[2], a["reduction"]),
-        Prim.MATMUL: lambda: torch.matmul(xs[0], xs[1]),
-        Prim.GROUPED_MATMUL: lambda: _grouped_matmul(xs[0], xs[1], xs[2]),
-        Prim.CONV: lambda: _conv(xs[0], xs[1], a),
-        Prim.CONV_TRANSPOSE: lambda: _conv_transpose(xs[0], xs[1], a),
-    }
-    if prim not in simple:
+    lowering = LOWERINGS.get(prim)
+    if lowering is None:
         raise NotImplementedError(f"no torch lowering for {prim.value}")
-    return [simple[prim]()]
+    return [lowering(xs, a)]
 
 
 def _pool(x: torch.Tensor, pool) -> torch.Tensor:
@@ -320,8 +329,7 @@ def graph_function(graph: Graph, device: str = "cpu") -> Callable[..., list[torc
     """A Python function running the graph with torch ops: f(*inputs) -> outputs (all tensors).
     A pool's primitives (pad, window, reduce) run as aten's pool: Inductor compiles a window and
     its reduction as a loop over the window for every output element, or falls back to aten's
-    pool for a large one (YOLOX-nano's 5x5, 9x9 and 13x13 max pools took 13 ms on CPU as
-    primitives against about 1 ms as pools)."""
+    pool for a large one: large max pools run many times slower as primitives than as pools."""
     from korch.backends.onnx_patterns import POOLS, fuse
 
     constants = {k: to_tensor(v, device) for k, v in graph.constants.items()}

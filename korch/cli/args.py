@@ -121,11 +121,7 @@ def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="korch", description="Optimal kernel orchestration for tensor programs.")
-    parser.add_argument("--verbose", action="store_true", help=_VERBOSE)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
+def _fission_command(sub) -> None:
     p = sub.add_parser("fission", help="split every operator of an ONNX model into primitives")
     _model_args(p)
     p.add_argument(
@@ -135,12 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_at_least(0), default=0, help="seed for --check inputs")
     p.add_argument("--text", action="store_true", help="also print the primitive graph's text form")
 
+
+def _candidates_command(sub) -> None:
     p = sub.add_parser("candidates", help="enumerate candidate kernels (no profiling)")
     _model_args(p)
     p.add_argument(
         "--max-size", type=_at_least(1), default=12, help="primitives per candidate, broadcasts free"
     )
 
+
+def _optimize_command(sub) -> None:
     p = sub.add_parser("optimize", help="fission, candidates, profiling, selection: write a plan")
     _model_args(p)
     p.add_argument(
@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ray-address", help="Ray cluster to join (default $RAY_ADDRESS, else a local one)")
 
+
+def _run_command(sub) -> None:
     p = sub.add_parser("run", help="run a plan")
     p.add_argument("plan", type=_path, metavar="PLAN_DIR")
     _plan_args(p)
@@ -185,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_at_least(0), default=0)
     _output_args(p)
 
+
+def _verify_command(sub) -> None:
     p = sub.add_parser(
         "verify",
         help="run a plan and its oracle (ONNX Runtime on the source model, or the reference executor "
@@ -200,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _output_args(p)
 
+
+def _bench_command(sub) -> None:
     p = sub.add_parser("bench", help="time a plan against its peers, interleaved")
     p.add_argument("target", type=_path, metavar="MODEL.onnx|PLAN_DIR")
     _plan_args(p)
@@ -219,15 +225,39 @@ def build_parser() -> argparse.ArgumentParser:
     _value_arg(p)
     _output_args(p)
 
+
+def _explain_command(sub) -> None:
     p = sub.add_parser("explain", help="what a plan chose and why: kernels, alternatives, graph")
     p.add_argument("plan", type=_path, metavar="PLAN_DIR")
     p.add_argument("--html", type=_path, metavar="FILE", help="also write a self-contained HTML report")
     _output_args(p)
 
+
+def _zoo_command(sub) -> None:
     p = sub.add_parser("zoo", help="build the bundled model zoo as ONNX files (random weights)")
     p.add_argument("names", nargs="*", help="models to build (default: all)")
     p.add_argument("--dir", type=_path, help="cache directory (default $KORCH_ZOO or ~/.cache/korch/zoo)")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
     p.add_argument("--list", action="store_true", help="list the models")
     _output_args(p)
+
+
+_COMMANDS = (
+    _fission_command,
+    _candidates_command,
+    _optimize_command,
+    _run_command,
+    _verify_command,
+    _bench_command,
+    _explain_command,
+    _zoo_command,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="korch", description="Optimal kernel orchestration for tensor programs.")
+    parser.add_argument("--verbose", action="store_true", help=_VERBOSE)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for command in _COMMANDS:  # (in the order `korch --help` lists them)
+        command(sub)
     return parser

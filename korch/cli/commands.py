@@ -117,9 +117,27 @@ def _cache_path(args):
 
 
 def cmd_optimize(args) -> int:
-    from korch.cli.explain import search_lines
-    from korch.pipeline import OptimizeOptions, optimize
-    from korch.profile.profiler import RETIMES
+    from korch.pipeline import optimize
+
+    options = _optimize_options(args)
+    plan = optimize(
+        args.model, shapes=_shapes(args), values=_values(args), options=options, strict=args.strict
+    )
+    try:
+        plan.save(args.output)
+    except OSError as e:  # the place was writable when checked, minutes ago
+        raise KorchError(f"cannot write {args.output} ({e.strerror or e})") from None
+    payload = _optimize_payload(plan, args.output)
+    human = _optimize_text(args.model, plan, payload)
+    _optimize_warnings(args, plan.meta.search, payload["disturbed"])
+    _emit(args, payload, human)
+    return 0
+
+
+def _optimize_options(args):
+    """optimize's options from its flags, refused before any work: the plan's place is checked
+    now, not after minutes of profiling."""
+    from korch.pipeline import OptimizeOptions
 
     backends = _names(args.backends) if args.backends else None
     if args.backends is not None and not backends:
@@ -140,53 +158,62 @@ def cmd_optimize(args) -> int:
         ray_address=args.ray_address or os.environ.get("RAY_ADDRESS") or None,
     )
     options.check_device("--device")
-    plan = optimize(
-        args.model, shapes=_shapes(args), values=_values(args), options=options, strict=args.strict
-    )
-    try:
-        plan.save(args.output)
-    except OSError as e:  # the place was writable when checked, minutes ago
-        raise KorchError(f"cannot write {args.output} ({e.strerror or e})") from None
+    return options
+
+
+def _optimize_payload(plan, output) -> dict:
+    """optimize --json's object (korch's public contract)."""
     meta = plan.meta
-    payload = {
+    return {
         "kernels": len(plan.kernels),
         "predicted_ms": round(plan.predicted_ms, 6),
-        "solver": meta["solver"],
-        "profiled": meta["profiling"]["profiled"],
-        "cache_hits": meta["profiling"]["cache_hits"],
-        "seconds": meta["seconds"],
-        "skipped": meta["profiling"]["skipped"],
-        "failed": meta["profiling"]["failed"],
-        "retimed": meta["profiling"].get("retimed", 0),
-        "disturbed": meta["profiling"].get("disturbed", 0),
-        "greedy_ms": round(meta["greedy_ms"], 6) if meta["greedy_ms"] is not None else None,
-        "greedy_kernels": meta["greedy_kernels"],
-        "measured_ms": meta["measured"]["ms"],
+        "solver": meta.solver,
+        "profiled": meta.profiling["profiled"],
+        "cache_hits": meta.profiling["cache_hits"],
+        "seconds": meta.seconds,
+        "skipped": meta.profiling["skipped"],
+        "failed": meta.profiling["failed"],
+        "retimed": meta.profiling["retimed"],
+        "disturbed": meta.profiling["disturbed"],
+        "greedy_ms": round(meta.greedy_ms, 6) if meta.greedy_ms is not None else None,
+        "greedy_kernels": meta.greedy_kernels,
+        "measured_ms": meta.measured["ms"],
         "backends": dict(Counter(k.backend for k in plan.kernels)),
-        "rewrites": meta["rewrites"],
-        "search": meta["search"],
-        "decided_by": meta["decided_by"],
-        "plan": str(args.output),
+        "rewrites": meta.rewrites,
+        "search": meta.search,
+        "decided_by": meta.decided_by,
+        "plan": str(output),
     }
-    solver = meta["solver"]
+
+
+def _optimize_text(model, plan, payload: dict) -> str:
+    from korch.cli.explain import search_lines
+
+    meta, solver = plan.meta, plan.meta.solver
     greedy = (
-        f"greedy fusion {meta['greedy_ms']:.3f} ms in {meta['greedy_kernels']} kernels"
-        if meta["greedy_ms"] is not None
+        f"greedy fusion {meta.greedy_ms:.3f} ms in {meta.greedy_kernels} kernels"
+        if meta.greedy_ms is not None
         else "no greedy baseline: not every primitive was profiled alone within --time-budget"
     )
     backends_used = ", ".join(f"{k} {v}" for k, v in payload["backends"].items())
     human = (
-        f"{args.model}: {payload['kernels']} kernels, predicted {plan.predicted_ms:.3f} ms "
-        f"({greedy}); measured in place {meta['measured']['ms']:.3f} ms\n"
+        f"{model}: {payload['kernels']} kernels, predicted {plan.predicted_ms:.3f} ms "
+        f"({greedy}); measured in place {meta.measured['ms']:.3f} ms\n"
         f"solver: {solver['status']}, gap {round(solver['gap'], 6):g}, {solver['seconds']:.2f}s; "
         f"profiled {payload['profiled']}, cache hits {payload['cache_hits']}, "
         f"failed {payload['failed']}, skipped {payload['skipped']}\n"
-        f"backends: {backends_used}\n{search_lines(meta['search'], meta['decided_by'])[0]}\n"
-        f"plan written to {args.output}"
+        f"backends: {backends_used}\n{search_lines(meta.search, meta.decided_by)[0]}\n"
+        f"plan written to {payload['plan']}"
     )
-    for rewrite in meta["rewrites"]:
+    for rewrite in meta.rewrites:
         human += f"\nrewrite: {rewrite}"
-    search = meta["search"]
+    return human
+
+
+def _optimize_warnings(args, search: dict, disturbed: int) -> None:
+    """On stderr: a plan not certified optimal, and timings other processes may have slowed."""
+    from korch.config import RETIMES
+
     if search["bounded"] and search["certified_gap"] != 0:
         gap = "an unknown gap" if search["certified_gap"] is None else f"{search['certified_gap']:.1%}"
         _log(
@@ -194,15 +221,13 @@ def cmd_optimize(args) -> int:
             f"warning: {search['bounded']} kernels were priced by lower bounds only within --time-budget: "
             f"the plan is certified within {gap} of the optimum over every candidate",
         )
-    if payload["disturbed"]:
+    if disturbed:
         _log(
             args,
-            f"warning: {payload['disturbed']} kernels were timed while other processes kept part of the "
+            f"warning: {disturbed} kernels were timed while other processes kept part of the "
             f"CPU busy, in every one of {1 + RETIMES} tries: their timings may be too slow (the profile "
             "database keeps them; a quieter machine and a fresh --cache may give a faster plan)",
         )
-    _emit(args, payload, human)
-    return 0
 
 
 def _names(text: str) -> tuple[str, ...]:

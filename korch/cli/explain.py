@@ -12,7 +12,7 @@ from korch.search.kernel import SOURCE_MODEL_PREFIX
 
 def kernel_nodes(plan: Plan, kernel: PlanKernel) -> tuple[list, dict]:
     """(the kernel's primitives, the types they use): from the plan's whole primitive graph when it
-    has one, else from the kernel's own graph (older plans)."""
+    has one, else from the kernel's own graph (a plan saved without its graph)."""
     graph = plan.graph
     if graph is not None and kernel.nodes:
         return [graph.nodes[i] for i in kernel.nodes], graph.types
@@ -37,7 +37,7 @@ def _rates(kernel: PlanKernel, flops: int, peak_gflops: float | None, ceilings: 
 def _kernel_report(plan: Plan, index: int, kernel: PlanKernel, alternatives: list, ceilings: dict) -> dict:
     nodes, types = kernel_nodes(plan, kernel)
     total = plan.predicted_ms or sum(k.cost_ms for k in plan.kernels)
-    in_place = (plan.meta.get("measured") or {}).get("kernels_ms") or []
+    in_place = plan.meta.measured["kernels_ms"] if plan.meta.measured else []
     return {
         "index": index,
         "backend": kernel.backend,
@@ -62,31 +62,31 @@ def _kernel_report(plan: Plan, index: int, kernel: PlanKernel, alternatives: lis
 def report(plan: Plan, source: str = "") -> dict:
     """Everything `korch explain` shows, as one JSON-able dictionary."""
     meta = plan.meta
-    ceilings = meta.get("ceilings") or {}
-    alternatives = meta.get("alternatives") or []
-    kernels = [_kernel_report(plan, i, k, alternatives, ceilings) for i, k in enumerate(plan.kernels)]
-    candidates = meta.get("candidates", {})
+    kernels = [
+        _kernel_report(plan, i, k, meta.alternatives, meta.ceilings) for i, k in enumerate(plan.kernels)
+    ]
+    # (a plan assembled by hand, not by korch.optimize, has empty summaries: the .get()s)
     return {
         "plan": source,
         "device": plan.device,
-        "device_name": meta.get("device_name"),
+        "device_name": meta.device_name,
         "predicted_ms": round(plan.predicted_ms, 6),
         "kernels": kernels,
         "backends": dict(Counter(k.backend for k in plan.kernels)),
-        "primitives": meta.get("fission", {}).get("primitives"),
+        "primitives": meta.fission.get("primitives"),
         "has_graph": plan.graph is not None,
-        "solver": meta.get("solver", {}),
-        "greedy_ms": meta.get("greedy_ms"),
-        "greedy_kernels": meta.get("greedy_kernels"),
-        "measured": meta.get("measured"),  # the plan run whole, each kernel timed in place
-        "candidates": {k: v for k, v in candidates.items() if k != "pruned"},
-        "pruned": candidates.get("pruned", {}),
-        "profiling": meta.get("profiling", {}),
-        "ceilings": ceilings,
-        "opaque_ops": meta.get("fission", {}).get("opaque_ops", []),
-        "rewrites": meta.get("rewrites", []),  # plans from before korch.rewrite have none
-        "search": meta.get("search"),
-        "decided_by": meta.get("decided_by"),
+        "solver": meta.solver,
+        "greedy_ms": meta.greedy_ms,
+        "greedy_kernels": meta.greedy_kernels,
+        "measured": meta.measured,  # the plan run whole, each kernel timed in place
+        "candidates": {k: v for k, v in meta.candidates.items() if k != "pruned"},
+        "pruned": meta.candidates.get("pruned", {}),
+        "profiling": meta.profiling,
+        "ceilings": meta.ceilings,
+        "opaque_ops": meta.fission.get("opaque_ops", []),
+        "rewrites": meta.rewrites,
+        "search": meta.search,
+        "decided_by": meta.decided_by,
     }
 
 

@@ -1,19 +1,40 @@
-"""The fission registry and the helpers rules use to emit primitives (broadcasting, axes, constants)."""
+"""The fission registry, the helpers rules use to emit primitives (broadcasting, axes, constants),
+and what both front ends return (FissionResult)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from korch.errors import KorchError, Unsupported
-from korch.ir.graph import GraphBuilder
+from korch.ir.graph import Graph, GraphBuilder
 from korch.ir.prims import HALF_DTYPES, Prim, TensorType
 
+if TYPE_CHECKING:
+    import onnx
+
 _REQUIRED = object()
+
+
+@dataclass
+class FissionResult:
+    """What a front end returns: the primitive graph, the source it came from, and what was kept whole."""
+
+    graph: Graph
+    model: onnx.ModelProto | None  # the model with input shapes pinned (None from PyTorch)
+    onnx_nodes: int  # source operators: ONNX nodes, or ATen calls from PyTorch
+    opaque: list[tuple[str, str]] = field(default_factory=list)  # (op type, reason)
+    warnings: list[str] = field(default_factory=list)
+    source: str = "onnx"  # "onnx" or "torch"
+    onnx_names: dict[str, str] = field(default_factory=dict)  # primitive value -> ONNX tensor name
+
+    @property
+    def opaque_ops(self) -> list[str]:
+        return sorted({op for op, _ in self.opaque})
 
 
 class Attributes(dict):

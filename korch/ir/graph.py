@@ -10,12 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from korch.config import BROADCAST_FOLD_LIMIT, FOLD_LIMIT
 from korch.errors import KorchError
 from korch.ir.prims import Kind, Prim, TensorType
-
-# Constants whose folding would not grow the data beyond this many elements are folded at build time.
-FOLD_LIMIT = 1024
-BROADCAST_FOLD_LIMIT = 64
 
 
 def freeze_attr(value: Any) -> Any:

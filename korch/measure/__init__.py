@@ -1,1 +1,3 @@
-"""Measuring: numerical checks against ONNX Runtime, tolerances, busy-machine detection and roofline rates."""
+"""Measuring: the one timing harness (timing), the device (device: synchronize, CUDA events, float32
+kept IEEE), numerical checks against ONNX Runtime (check) and their tolerances, busy-machine detection
+(busy) and roofline rates."""

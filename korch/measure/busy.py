@@ -1,9 +1,9 @@
 """How much of the machine other processes took while korch timed something.
 
 On a shared machine a neighbour that takes a core for a moment inflates any timing taken then:
-a plain loop's by about 2x, an OpenMP kernel's (Inductor on CPU) by up to 500x, since each of its
-barriers waits for the thread the neighbour displaced (0.3 ms kernels measured at 160 ms here).
-The profile database keeps a timing for good, so such a timing is taken again (korch.profile.profiler).
+a plain loop's by the share of the core it lost, an OpenMP kernel's (Inductor on CPU) many times
+over, since each of its barriers waits for the thread the neighbour displaced.
+The profile database keeps a timing for good, so such a timing is taken again (korch.measure.timing.time_fn).
 
 Linux only: the CPU time the whole machine spent busy (and the hypervisor stole) during a window,
 from /proc/stat, less this process's own; elsewhere nothing is seen."""
@@ -15,11 +15,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from korch.config import MIN_CORES, MIN_TICKS
+
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
-# /proc/stat counts in ticks (10 ms): one tick of noise either way is common, so a window is
-# disturbed when others took at least two ticks and a fifth of a core on average
-MIN_TICKS = 2
-MIN_CORES = 0.2
 T = TypeVar("T")
 
 

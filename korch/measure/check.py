@@ -49,20 +49,13 @@ def random_feeds(types, bounds: Mapping, seed: int = 0) -> dict[str, np.ndarray]
         if t.dtype == "bool":
             feeds[name] = rng.random(t.shape) < 0.5
         elif t.dtype.startswith(("int", "uint")):
-            low, high, *order = _int_range(bounds.get(name, NONZERO_INTS))
+            low, high, *order = bounds.get(name, NONZERO_INTS)
             feeds[name] = rng.integers(low, high, t.shape).astype(t.dtype)
             if order == ["sorted"]:
                 feeds[name] = np.sort(feeds[name], axis=-1)
         else:
             feeds[name] = rng.standard_normal(t.shape).astype(t.dtype)
     return feeds
-
-
-def _int_range(bound) -> list:
-    if isinstance(bound, (int, np.integer)):
-        return [0, int(bound)]
-    low, high, *order = bound
-    return [int(low), int(high), *order]
 
 
 def input_bounds(graph: Graph) -> dict[str, list[int]]:

@@ -3,33 +3,27 @@
 from __future__ import annotations
 
 import functools
-import math
 import time
 
 from korch.ir.graph import Node
-from korch.ir.prims import HALF_DTYPES, Prim, TensorType
+from korch.ir.prims import HALF_DTYPES, TensorType
+from korch.ir.work import node_flops
 
 
 def _best_seconds(fn, device: str, repeats: int) -> float:
-    from korch.backends import synchronize
+    # (here, as torch is: the kernels' work is counted by modules that never import torch)
+    from korch.measure.timing import elapsed_ms, repeat, warm_up
 
-    fn()  # warm-up: allocation, thread pool, cuBLAS handles
-    best = math.inf
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
+    warm_up(fn, device, calls=1)  # allocation, thread pool, cuBLAS handles
+    return min(repeat(functools.partial(elapsed_ms, fn, device), 0.0, at_least=repeats)) / 1e3
 
 
 @functools.cache
 def measure_ceilings(device: str = "cpu", half: tuple[str, ...] = ()) -> dict:
     """{"bandwidth_gbs", "gflops", "seconds"}: the best of a few runs of a large copy (bytes read
     plus bytes written) and of a large fp32 matmul, and "gflops_<dtype>" for each dtype in `half`
-    (float16, bfloat16: tensor cores, AMX). A few hundred milliseconds on a small CPU, once per
-    process, device and dtypes (callers must not modify the result)."""
+    (float16, bfloat16: tensor cores, AMX). Timed once per process, device and dtypes (callers
+    must not modify the result)."""
     import torch
 
     started = time.perf_counter()
@@ -71,20 +65,6 @@ def matmul_dtype(nodes: list[Node], types) -> str | None:
 def flops_ceiling(ceilings: dict, dtype: str | None) -> float | None:
     """The measured matmul peak for `dtype` (fp32's for the dtypes not measured apart)."""
     return ceilings.get(f"gflops_{dtype}") or ceilings.get("gflops")
-
-
-def node_flops(node: Node, types) -> int:
-    """Multiply-adds counted as two FLOPs, for linear primitives only (0 for anything else)."""
-    if node.prim in (Prim.MATMUL, Prim.GROUPED_MATMUL):
-        a, out = types[node.inputs[0]], types[node.outputs[0]]
-        return 2 * out.numel * a.shape[-1]
-    if node.prim is Prim.CONV:
-        w, out = types[node.inputs[1]], types[node.outputs[0]]
-        return 2 * out.numel * math.prod(w.shape[1:])
-    if node.prim is Prim.CONV_TRANSPOSE:
-        x, w = types[node.inputs[0]], types[node.inputs[1]]
-        return 2 * x.numel * math.prod(w.shape[1:])
-    return 0
 
 
 def traffic_bytes(types: list[TensorType]) -> int:

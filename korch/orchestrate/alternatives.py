@@ -5,10 +5,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from korch.config import SPLIT_LIMIT, TOP
 from korch.search.candidates import Candidate
-
-TOP = 3  # alternatives kept per kernel
-SPLIT_LIMIT = 16  # kernels with more primitives are not split exactly (2^n subsets)
 
 
 def _entry(what: str, ms: float, backend: str | None, kernels: int, nodes: int) -> dict:

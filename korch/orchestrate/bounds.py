@@ -1,9 +1,10 @@
 """Lower bounds on a kernel's latency before it is compiled: its own work at the fastest rates seen.
 
 A kernel reads its inputs and writes its outputs at least once (those of primitives that a backend
-may run as views of their input, VIEWS, excepted), and does its linear primitives' multiply-adds;
-it cannot do either faster than the fastest rate any kernel has shown on the device, nor finish
-sooner than the quickest call its backend has ever made. So its latency is at least
+may run as views of their input excepted), and does its linear primitives' multiply-adds (both
+counted by korch.ir.work.kernel_work); it cannot do either faster than the fastest rate any kernel
+has shown on the device, nor finish sooner than the quickest call its backend has ever made. So its
+latency is at least
 
     max(least call of its backend, FLOPs / fastest FLOP rate, bytes / fastest byte rate)
 
@@ -22,39 +23,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from korch.ir.graph import Graph
-from korch.ir.prims import Prim
-from korch.measure.roofline import node_flops
-
-SAFETY = 1.5  # rates may be beaten by this factor: a looser bound, measured more often, but honest
-LAUNCH_SAFETY = 0.5  # the least call seen per backend, times this: the floor of any of its calls
-SIZE_WINDOW = 4  # a kernel's byte rate is the fastest among kernels at least 1/SIZE_WINDOW its size
-
-
-@dataclass(frozen=True)
-class Work:
-    """What a kernel must do: multiply-adds counted as two FLOPs, and the bytes of its inputs read
-    once and its outputs written once (the constants baked into it are a few elements)."""
-
-    flops: int
-    bytes: int
-
-
-# primitives a backend may return as a view of their input (torch's expand, view, permute, slicing
-# and window's unfold), moving no data: their outputs are not counted as written, nor the inputs
-# only they read as read
-VIEWS = frozenset({Prim.BROADCAST, Prim.RESHAPE, Prim.TRANSPOSE, Prim.SLICE, Prim.WINDOW})
-
-
-def kernel_work(graph: Graph) -> Work:
-    """The work of a kernel's standalone graph (korch.search.kernel.KernelSpec.graph): bytes of the
-    inputs that some primitive other than a view reads, and of the outputs that one writes."""
-    types = graph.types
-    flops = sum(node_flops(node, types) for node in graph.nodes)
-    computing = [node for node in graph.nodes if node.prim not in VIEWS]
-    read = {v for node in computing for v in node.inputs} & set(graph.inputs)
-    written = {v for node in computing for v in node.outputs} & set(graph.outputs)
-    return Work(flops, sum(types[v].nbytes for v in (*read, *written)))
+from korch.config import LAUNCH_SAFETY, SAFETY, SIZE_WINDOW
+from korch.ir.work import Work, kernel_work  # noqa: F401  (kernel_work: imported from here too)
 
 
 @dataclass(frozen=True)

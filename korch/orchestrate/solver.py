@@ -16,13 +16,13 @@ import numpy as np
 from scipy.optimize import LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
+from korch.config import MAX_CUTS
 from korch.errors import KorchError
 from korch.ir.graph import Graph
 from korch.search.candidates import Candidate
 from korch.search.partition import Partition
 
 DEBUG = False
-MAX_CUTS = 500
 
 
 @dataclass(frozen=True)
@@ -195,8 +195,8 @@ def _solve_partition(p: _Problem, available: set[str], deadline: float):
             groups[(alone, "")].append(i)
     # One continuous variable per such input u, "u is written" (0..1), carries the providers: a
     # row per group (written_u >= its members) and one per u (providers >= written_u). Writing
-    # the providers into every group's row instead is the same program, but a transformer layer's
-    # partition then had 5 million nonzeros (HiGHS took 15 s over them, then solved at its root).
+    # the providers into every group's row instead is the same program, but its nonzeros grow as
+    # groups times providers: on a transformer layer HiGHS spent its time on them, then solved at its root.
     written: dict[str, int] = {}
     for (_, u), members in groups.items():
         if not u:

@@ -59,7 +59,7 @@ def _model(device_name: str) -> str:
 def _current_device(device: str) -> str | None:
     import torch
 
-    from korch.backends import device_name
+    from korch.measure.device import device_name
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         return None  # the runtime refuses the plan itself, saying so
@@ -67,19 +67,23 @@ def _current_device(device: str) -> str | None:
 
 
 def check_versions(
-    directory: Path, meta: dict, device: str, backends: set[str], allow_mismatch: bool
+    directory: Path,
+    recorded: dict[str, str],
+    built: str | None,
+    device: str,
+    backends: set[str],
+    allow_mismatch: bool,
 ) -> None:
     """A plan built with other versions of korch, torch, onnxruntime or its backends may hold stale
     kernels (or kernels chosen for another device): refuse it, naming what differs, unless the
-    caller allows it explicitly."""
-    recorded = meta.get("versions") if isinstance(meta, dict) else None
-    if not isinstance(recorded, dict):
+    caller allows it explicitly. `recorded` and `built`: PlanMeta.versions and .device_name."""
+    if not recorded:
         return  # a plan assembled by hand, not by korch.optimize: nothing to compare
     now = current_versions(backends)
     keys = [k for k in (*VERSIONED, *(f"backend:{b}" for b in sorted(backends))) if k in recorded]
     differ = [f"{k} {recorded[k]} (now {now.get(k, 'missing')})" for k in keys if recorded[k] != now.get(k)]
-    device, built = _current_device(device), meta.get("device_name")
-    if device is not None and isinstance(built, str) and _model(built) != _model(device):
+    device = _current_device(device)
+    if device is not None and built is not None and _model(built) != _model(device):
         differ.append(f"device {_model(built)!r} (now {_model(device)!r})")
     if not differ:
         return

@@ -3,12 +3,12 @@ as a self-contained directory (written to a temporary name, then renamed) and lo
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import logging
 import os
-import platform
 import re
 import secrets
 import shutil
@@ -17,17 +17,22 @@ from pathlib import Path
 
 import numpy as np
 
+from korch.config import LOAD_TRIES
 from korch.errors import KorchError
 from korch.ir.graph import Graph
 from korch.ir.prims import TensorType, from_npy
 from korch.ir.serialize import graph_to_json, load_graph_json
 from korch.plan.check import MANIFEST, check_graph, check_plan, check_versions, write_manifest
+from korch.plan.meta import RERUN, PlanMeta
 from korch.plan.store import PlanFiles, PlanReplaced, exchange
 from korch.search.kernel import KernelSpec, kernel_graph_json
 
-FORMAT = "korch.plan.plan/1"
+FORMAT = "korch.plan/2"  # /2: typed metadata (korch.plan.meta)
+# refused with advice to optimize again ("korch.plan.plan/1": the untyped metadata of "korch.plan/1",
+# under the name that the package's move to korch/plan/ wrote by mistake)
+OLDER_FORMATS = ("korch.plan/1", "korch.plan.plan/1")
+_FORMAT_PREFIXES = ("korch.plan/", "korch.plan.plan/")  # a directory save may replace
 PLAN_FILES = ("plan.json", "weights.npz", "graph.json", "model.onnx", MANIFEST)  # all save writes
-LOAD_TRIES = 5  # loads of a plan that other processes keep replacing
 
 log = logging.getLogger("korch")
 
@@ -56,7 +61,7 @@ class Plan:
     weights: dict[str, np.ndarray]  # constants the kernels read, by value name
     device: str = "cpu"
     predicted_ms: float = 0.0
-    meta: dict = field(default_factory=dict)
+    meta: PlanMeta = field(default_factory=PlanMeta)
     model: object = field(default=None, repr=False)  # the pinned ONNX model, for `korch verify`
     graph: Graph | None = field(default=None, repr=False)  # the whole primitive graph, for reports
     _executable: object = field(default=None, repr=False)
@@ -140,7 +145,7 @@ class Plan:
             "format": FORMAT,
             "device": self.device,
             "predicted_ms": self.predicted_ms,
-            "meta": self.meta,
+            "meta": self.meta.to_json(),
             "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in self.inputs],
             "outputs": [{"value": v, "name": n} for v, n in self.outputs],
             "weights": {name: keys[name] for name in self.weights},
@@ -176,7 +181,7 @@ class Plan:
         """Seeded inputs like `korch fission --check` uses (integer inputs inside gather ranges)."""
         from korch.measure import check
 
-        return check.random_feeds(self.inputs, self.meta.get("input_bounds", {}), seed)
+        return check.random_feeds(self.inputs, self.meta.input_bounds, seed)
 
     @property
     def oracle(self) -> str | None:
@@ -235,7 +240,7 @@ def _is_korch_plan(path: Path) -> bool:
         doc = json.loads((path / "plan.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(doc, dict) and str(doc.get("format", "")).startswith("korch.plan.plan/")
+    return isinstance(doc, dict) and str(doc.get("format", "")).startswith(_FORMAT_PREFIXES)
 
 
 def _plan_files_of(path: Path) -> set[str]:
@@ -338,8 +343,10 @@ def _plan_doc(directory: Path, text: bytes | None) -> dict:
         doc = json.loads(text)
     except ValueError as e:
         raise KorchError(f"{directory}: unreadable plan ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+    found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+    if found in OLDER_FORMATS:
+        raise KorchError(f"{directory}: a plan of an older korch (format {found!r}, now {FORMAT!r}); {RERUN}")
+    if found != FORMAT:
         raise KorchError(f"{directory}: not a korch plan (format {found!r})")
     return doc
 
@@ -356,13 +363,19 @@ def _plan_from(directory: Path, doc: dict, data: dict, digests: dict, allow_mism
         kernels = [_kernel_from_json(i, k, blobs) for i, k in enumerate(doc["kernels"])]
         inputs = [(i["name"], TensorType(tuple(i["shape"]), i["dtype"])) for i in doc["inputs"]]
         outputs = [(o["value"], o["name"]) for o in doc["outputs"]]
-        meta = dict(doc.get("meta", {}))
-        plan = Plan(inputs, outputs, kernels, weights, str(doc["device"]), float(doc["predicted_ms"]), meta)
+        device, predicted_ms = str(doc["device"]), float(doc["predicted_ms"])
     except KorchError as e:
         raise KorchError(f"{directory}: corrupt plan ({e})") from None
     except Exception as e:
         raise KorchError(f"{directory}: corrupt plan ({type(e).__name__}: {e})") from None
-    check_versions(directory, plan.meta, plan.device, {k.backend for k in kernels}, allow_mismatch)
+    try:
+        meta = PlanMeta.from_json(doc.get("meta"))
+    except KorchError as e:
+        raise KorchError(f"{directory}: {e}") from None
+    plan = Plan(inputs, outputs, kernels, weights, device, predicted_ms, meta)
+    check_versions(
+        directory, meta.versions, meta.device_name, device, {k.backend for k in kernels}, allow_mismatch
+    )
     plan.model = model
     _consistent(directory, check_plan, plan, model_bytes)  # before the graph: a kernel names it best
     if "graph.json" in data:
@@ -443,7 +456,9 @@ def lifetimes(kernels: list[PlanKernel], outputs: list[str]) -> None:
         )
 
 
-def build_plan(graph: Graph, solution, device: str, meta: dict, specs: dict | None = None) -> Plan:
+def build_plan(
+    graph: Graph, solution, device: str, meta: PlanMeta | None = None, specs: dict | None = None
+) -> Plan:
     from korch.search.kernel import kernel_spec
 
     kernels = [
@@ -462,8 +477,6 @@ def build_plan(graph: Graph, solution, device: str, meta: dict, specs: dict | No
     for v in graph.outputs:  # outputs that are plain constants
         if v in graph.constants:
             weights[v] = np.asarray(graph.constants[v])
-    meta = dict(meta)
-    meta.setdefault("python", platform.python_version())
     return Plan(
         inputs=[(v, graph.types[v]) for v in graph.inputs],
         outputs=list(zip(graph.outputs, graph.output_names)),
@@ -471,6 +484,6 @@ def build_plan(graph: Graph, solution, device: str, meta: dict, specs: dict | No
         weights=weights,
         device=device,
         predicted_ms=sum(k.cost_ms for k in kernels),
-        meta=meta,
+        meta=dataclasses.replace(meta) if meta is not None else PlanMeta(),  # each plan its own
         graph=graph,
     )

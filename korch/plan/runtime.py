@@ -4,6 +4,7 @@ each buffer after its last reader."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import time
@@ -12,11 +13,21 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from korch.backends import WAKE_CALLS, all_backends, compile_with, device_intervals, synchronize
+from korch.backends import all_backends, compile_with
+from korch.config import WAKE_CALLS
 from korch.errors import KorchError, first_line
 from korch.ir.prims import BFLOAT16
 from korch.ir.reference import mismatch
 from korch.ir.tensors import DTYPES, as_tensor, to_numpy, to_tensor
+from korch.measure.timing import (
+    device_intervals,
+    elapsed_ms,
+    hold_for,
+    queued_ms,
+    repeat,
+    rest,
+    warm_up,
+)
 
 log = logging.getLogger("korch")
 
@@ -30,12 +41,12 @@ class Executable:
         backends = all_backends()
         compiled: dict[tuple, object] = {}
         # C order: a weight the import transposed (Gemm's transB) is a Fortran-order view, and a
-        # kernel compiled for dense inputs would copy it in every call (EfficientViT's classifier,
-        # 6.4 MB: 2.8 ms of 17.7)
+        # kernel compiled for dense inputs would copy it in every call (a large classifier's
+        # weight: a sizeable share of the plan's time)
         self.weights = {v: to_tensor(a, device) for v, a in plan.weights.items()}
         self._weight_storages = frozenset(_storage(w) for w in self.weights.values())
         # each kernel's arguments with the weights in place once, here: a call fills in only the
-        # values computed at run time (a source model run whole reads some 200 weights)
+        # values computed at run time (a source model run whole reads every weight of the model)
         self.steps = []
         lanes = []  # each kernel's numpy form (CompiledKernel.arrays), None where it has none
         for k in plan.kernels:
@@ -59,7 +70,7 @@ class Executable:
                     [v for v in k.free_after if v not in self.weights],  # (weights are not a run's values)
                 )
             )
-        self.index_limits = plan.meta.get("index_limits", {})  # (plans saved before it: none)
+        self.index_limits = plan.meta.index_limits
         self.input_names = [n for n, _ in plan.inputs]
         self.input_types = dict(plan.inputs)
         # (shape, dtype) of each input as torch states them: feeds compares, per call, without converting
@@ -69,7 +80,7 @@ class Executable:
         self._cuda_graph = None  # (graph, static inputs, static outputs) once captured; False: cannot
         # a plan whose every kernel runs on numpy arrays (ONNX Runtime on a CPU, a source model run
         # whole the common case) runs a numpy caller's arrays as they are: converting each value to
-        # a tensor and back cost 24 us a call around a 13 us session (5 values in, 5 out)
+        # a tensor and back cost more a call than a small session takes
         self._array_steps = None
         if device == "cpu" and self._outputs_fresh and all(lanes):
             self._array_steps = [
@@ -171,24 +182,14 @@ class Executable:
         if steps is not None:
             feeds = {name: to_numpy(t) for name, t in feeds.items()}
         if cuda:  # warm-up (lazy initialisation, autotuning), then how long the host takes to queue the plan
-            self._run(feeds)
-            synchronize(device)
-            begin = time.perf_counter()
-            self._run(feeds)
-            hold_ms = 2e3 * (time.perf_counter() - begin) + 0.2
-            synchronize(device)
+            warm_up(lambda: self._run(feeds), device, calls=1)
+            hold_ms = hold_for(queued_ms(lambda: self._run(feeds), device)[0])
         totals, per_run = [], []
         for i in range(repeats + 1):  # the first run warms up
-            if i > 1 and spread_s > 0:
-                time.sleep(spread_s / (repeats - 1))
-                for _ in range(WAKE_CALLS):  # thread pools and clocks wake up after the pause
-                    self._run(feeds, steps=steps)
-            synchronize(device)
+            if i > 1 and spread_s > 0:  # thread pools and clocks wake up after the pause
+                rest(spread_s / (repeats - 1), lambda: self._run(feeds, steps=steps), device)
             if cuda:
-                begin = time.perf_counter()
-                self.run_tensors(feeds)
-                synchronize(device)
-                totals.append((time.perf_counter() - begin) * 1e3)
+                totals.append(elapsed_ms(lambda: self.run_tensors(feeds), device))
                 per_run.append(self._device_steps(feeds, hold_ms))
             else:
                 stamps: list[float] = []
@@ -356,14 +357,6 @@ def interleave(
         # about the system
         for name, fn in order if r % 2 == 0 else order[::-1]:
             time.sleep(pause_s)
-            block_end = time.perf_counter() + block_s
-            calls = 0
-            while calls < WAKE_CALLS + 3 or time.perf_counter() < block_end:
-                synchronize(device)
-                start = time.perf_counter()
-                fn()
-                synchronize(device)
-                if calls >= WAKE_CALLS:
-                    samples[name][r].append((time.perf_counter() - start) * 1e3)
-                calls += 1
+            timed = repeat(functools.partial(elapsed_ms, fn, device), block_s, at_least=WAKE_CALLS + 3)
+            samples[name][r] = timed[WAKE_CALLS:]
     return samples

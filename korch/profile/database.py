@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from korch.config import ENVIRONMENTAL_CAP, LOCK_WAIT_S
 from korch.errors import KorchError, cannot_create
 
 SCHEMA = """
@@ -72,12 +73,6 @@ def default_path() -> Path:
     return Path(os.path.expanduser("~/.cache/korch/profiles.sqlite"))
 
 
-# how long opening the database, and each write, waits for another program's lock on it (korch's
-# own runs hold it for one row at a time): past it the run stops with one line, before profiling
-LOCK_WAIT_S = 5.0
-# environmental failures of one (key, backend, version, device) before it is taken as permanent: a
-# kernel that kills its worker every time is not profiled again forever
-ENVIRONMENTAL_CAP = 3
 # the columns that hold numbers, none negative: anything else (text written by another program,
 # a damaged row) would reach the solver as a latency
 _NUMBERS = {
@@ -347,7 +342,7 @@ class ProfileDB:
 
     @_one_line
     def rewrite_timing(self, key: str, version: str, device: str) -> tuple[float, float] | None:
-        """(ms before, ms after) of a measured rewrite (korch.rewrite.common.Timer), if kept."""
+        """(ms before, ms after) of a measured rewrite (korch.profile.rewrite_timing), if kept."""
         row = self.conn.execute(
             "SELECT before_ms, after_ms FROM rewrite_timings WHERE key=? AND version=? AND device=?",
             (key, version, device),

@@ -3,51 +3,34 @@ the reference executor, time it, and keep the result in the profile database.
 
 Compilation and checking run in a pool of worker processes (korch.profile.workers: a crash or a hang
 costs one kernel, not the run); timing then runs in a single worker so kernels are never timed
-while others compile."""
+while others compile. What a worker does with a job is korch.profile.jobs; this module decides
+which jobs run, in what order, and keeps their results."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
-import numpy as np
 import torch
 
-from korch.backends import (
-    WAKE_CALLS,
-    Backend,
-    compile_with,
-    device_intervals,
-    device_name,
-    synchronize,
-    torch_ops,
-)
-from korch.errors import KorchError, first_line
-from korch.ir import reference, tensors
+from korch.backends import Backend, class_path
+from korch.config import SOURCE_DISCRETE_MISMATCH, SPREAD
+from korch.errors import KorchError
 from korch.ir.graph import Graph
-from korch.ir.prims import from_npy
-from korch.ir.tensors import to_tensor
-from korch.measure import busy, check
+from korch.measure import check
+from korch.measure.device import device_name
 from korch.measure.tolerance import graph_tolerance
 from korch.profile.database import Profile, ProfileDB
-from korch.profile.workers import WorkerPool, compile_threads
+from korch.profile.jobs import run_job, spill_activations, write_blobs
+from korch.profile.ray_pool import make_ray_pool
+from korch.profile.workers import WorkerPool
 from korch.search.candidates import Candidate, CandidateSet
 from korch.search.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_graph_json, kernel_spec, runs_alone
-
-# timings that decide most (the source model alone, and each plan in place in korch.pipeline) are
-# spread over this many times min_time (2.5 s at korch optimize's 0.02 s): on a shared machine a
-# neighbour can take a core for about 2 s, doubling every timing inside that window (seen here:
-# 26.7 -> 49.8 ms for the same matmuls)
-SPREAD = 125
-SOURCE_DISCRETE_MISMATCH = 0.01  # integer outputs of the source model vs the primitive graph
 
 
 def spread_s(min_time: float, time_budget: float | None) -> float:
@@ -115,192 +98,8 @@ class ProfileResult:
         }
 
 
-# ------------------------------------------------------------------ the harness
-
-
-def example_tensors(graph: Graph, device: str, seed: int = 0) -> list[torch.Tensor]:
-    feeds = check.random_inputs(graph, seed)
-    return [tensors.as_tensor(feeds[name]).to(device) for name in graph.inputs]
-
-
-_L2_FLUSH: dict[str, torch.Tensor] = {}
-
-
-def _flush_cache(device: str) -> None:
-    """Overwrite a buffer larger than the GPU's L2 so every timed call starts cold."""
-    if device.startswith("cuda"):
-        if device not in _L2_FLUSH:
-            _L2_FLUSH[device] = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device=device)
-        _L2_FLUSH[device].zero_()
-
-
-class Timing(NamedTuple):
-    median_ms: float
-    min_ms: float
-    max_ms: float
-    samples: int
-    tries: int = 1
-    disturbed: bool = False  # other processes took part of the CPU in every try (korch.measure.busy)
-
-
-RETIMES = 2  # a timing on a CPU that other processes were using is taken again, this many times at most
-RETIME_PAUSE_S = 0.1  # before the first retry; twice that before the second
-
-
-def time_fn(fn, inputs, device: str = "cpu", min_time: float = 0.05, spread_s: float = 0.0) -> Timing:
-    """Median, min and max milliseconds per call and the number of samples: warm-up first, then
-    samples until `min_time` has passed (at least 5); calls shorter than 50 us are batched. On
-    CUDA each sample is the device's time for one call, the host's launch overhead hidden (as in
-    a plan replayed from a CUDA graph), each call starting with a cold L2 cache. With
-    `spread_s`, the samples come in 5 slices spread over that many seconds (each after a warm-up
-    call) and the median is the fastest slice's: a burst of interference shorter than the spread
-    cannot cover every slice. On CPU, a timing during which other processes took a share of the
-    machine (korch.measure.busy) is taken again after a pause, up to RETIMES times, and the fastest kept;
-    `disturbed` says that no try was quiet."""
-    if device.startswith("cuda"):  # device time: the host's neighbours do not stretch it
-        return _time_once(fn, inputs, device, min_time, spread_s)
-    timing, tries, disturbed = busy.quietest(
-        lambda: _time_once(fn, inputs, device, min_time, spread_s),
-        RETIMES,
-        key=lambda t: t.median_ms,
-        pause_s=RETIME_PAUSE_S,
-    )
-    return timing._replace(tries=tries, disturbed=disturbed)
-
-
-def _time_once(fn, inputs, device: str, min_time: float, spread_s: float) -> Timing:
-    for _ in range(2):
-        fn(*inputs)
-    synchronize(device)
-    start = time.perf_counter()
-    fn(*inputs)
-    queued_ms = (time.perf_counter() - start) * 1e3  # the host's part (on CPU, all of it)
-    synchronize(device)
-    single = max(time.perf_counter() - start, 1e-7)
-    cuda = device.startswith("cuda")
-    batch = 1 if cuda else max(1, int(50e-6 / single))
-    slices = 5 if spread_s > 0 else 1
-    samples: list[float] = []
-    medians: list[float] = []
-    for i in range(slices):
-        if i:
-            time.sleep(spread_s / (slices - 1))
-            for _ in range(WAKE_CALLS):  # thread pools and clocks wake up after the pause
-                fn(*inputs)
-            synchronize(device)
-        deadline = time.perf_counter() + min_time / slices
-        first = len(samples)
-        while len(samples) - first < 5 // slices or (time.perf_counter() < deadline and len(samples) < 2000):
-            _flush_cache(device)
-            synchronize(device)
-            if cuda:
-                samples.append(_device_ms(fn, inputs, device, 2 * queued_ms + 0.2))
-                continue
-            t0 = time.perf_counter()
-            for _ in range(batch):
-                fn(*inputs)
-            samples.append((time.perf_counter() - t0) / batch * 1e3)
-        medians.append(statistics.median(samples[first:]))
-    return Timing(min(medians), min(samples), max(samples), len(samples))
-
-
-def _device_ms(fn, inputs, device: str, hold_ms: float) -> float:
-    """One call's milliseconds on the CUDA device, the host's launch overhead hidden behind a held
-    stream (backends.device_intervals): what the call costs inside a plan replayed as a CUDA graph."""
-
-    def run(mark) -> None:
-        mark()
-        fn(*inputs)
-        mark()
-
-    return device_intervals(device, hold_ms, run)[0]
-
-
-def check_kernel(
-    outs, want, graph: Graph, discrete_mismatch: float = 0.0, tolerance: float = 0.0
-) -> str | None:
-    """None when every output matches the reference within tolerance (the graph's, or the given
-    one where larger), else the reason. Integer and boolean outputs must match exactly (8-bit
-    integers, quantized values, are compared as numbers: check.rel_err), or up to a
-    `discrete_mismatch` fraction of elements (an argmax over near-ties, after a whole model
-    computed two ways)."""
-    if len(outs) != len(graph.outputs):
-        return f"returned {len(outs)} outputs, expected {len(graph.outputs)}"
-    limit = max(graph_tolerance(graph), tolerance)
-    for got, name, v in zip(outs, graph.output_names, graph.outputs):
-        t = graph.types[v]
-        got = tensors.to_numpy(got) if isinstance(got, torch.Tensor) else np.asarray(got)
-        if tuple(got.shape) != t.shape or str(got.dtype) != t.dtype:
-            return f"{name}: got {got.dtype}{list(got.shape)}, expected {t}"
-        expected = np.asarray(want[name])
-        if discrete_mismatch and (expected.dtype == bool or expected.dtype.kind in "iu"):
-            wrong = float(np.mean(got != expected)) if expected.size else 0.0
-            if wrong > discrete_mismatch and not check.rel_err(got, expected) <= limit:  # (8-bit: numbers)
-                return f"wrong result: {name} differs in {wrong:.1%} of its elements"
-            continue
-        err = check.rel_err(got, expected)
-        if not err <= limit:
-            return f"wrong result: {name} relative error {err:.3g}"
-    return None
-
-
-def _check_job(job: dict, graph: Graph, arrays: list[np.ndarray], outs) -> str | None:
-    """check_kernel against the reference: the source model's is the primitive graph's values,
-    computed by the caller (checking ONNX Runtime against another ONNX Runtime session would prove
-    nothing)."""
-    if "want" in job:
-        want = {name: _load(x) for name, x in job["want"].items()}
-    else:
-        want = reference.run(graph, dict(zip(graph.inputs, arrays)))
-    return check_kernel(outs, want, graph, job.get("discrete_mismatch", 0.0), job.get("tolerance", 0.0))
-
-
-def run_job(job: dict) -> dict:
-    """Compile (and, in the timing phase, time) one (key, backend) in this process."""
-    import importlib
-
-    from korch.ir.serialize import load_graph_json
-
-    module, _, cls = job["backend_class"].partition(":")
-    backend = getattr(importlib.import_module(module), cls)()
-    blobs = {digest: Path(path).read_bytes() for digest, path in job.get("blob_files", {}).items()}
-    graph = load_graph_json(job["spec"], blobs=blobs)
-    spec = KernelSpec(job["key"], graph, (), ())
-    device = job["device"]
-    started = time.perf_counter()
-    try:
-        arrays = [_load(x) for x in job["inputs"]]
-        weights = {graph.inputs[i]: arrays[i] for i in job.get("weights", ())}  # the model's constants
-        with compile_threads(job.get("compile_threads")):
-            compiled = compile_with(backend, spec, device, weights)
-        compile_s = time.perf_counter() - started
-        inputs = [to_tensor(x, device) for x in arrays]
-        reason = None if job.get("checked") else _check_job(job, graph, arrays, compiled.fn(*inputs))
-        if reason:
-            return {"status": "failed", "reason": reason, "compile_s": compile_s}
-        result = {"status": "ok", "compile_s": compile_s, "kernels": compiled.kernels}
-        if job["phase"] == "time":
-            spread = job.get("spread_s", 0.0)
-            timing = time_fn(compiled.fn, inputs, device, job["min_time"], spread)
-            result.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms)
-            result.update(tries=timing.tries, disturbed=timing.disturbed)
-        return result
-    except Exception as e:  # a backend that cannot compile or run this kernel: infinite cost
-        from korch.profile.workers import environmental
-
-        line = first_line(e, 240)
-        return {
-            "status": "failed",
-            "reason": f"{type(e).__name__}: {line}",
-            "compile_s": time.perf_counter() - started,
-            "environmental": environmental(e),  # (memory ran out: profiled again by a later run)
-        }
-
-
 def _compile_pool(options: ProfileOptions, workers: int, threads: int):
     if options.executor == "ray":
-        from korch.profile.ray_pool import make_ray_pool
-
         pool = make_ray_pool(options.device, options.ray_address, threads)
         if pool is not None:
             return pool
@@ -349,51 +148,6 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _spill_activations(graph: Graph, needed: set[str], directory: Path, seed: int = 0) -> dict[str, str]:
-    """Real values of `needed` (a run on seeded inputs), each written to an .npy file in
-    `directory` as soon as it is computed: value -> path. Kernels are checked and timed on the data
-    they will see, not on noise that makes sqrt and log produce NaN; on disk, a large model's
-    activations (YOLOv4's are 1 GB) are neither held by this process nor pickled into every job.
-    Torch ops compute them (numpy convolutions take minutes on large models); the reference stays
-    the oracle in the checks of kernels, and these values are the oracle of the source model (ONNX
-    Runtime's run of the original operators is checked against the primitive graph)."""
-    paths: dict[str, str] = {}
-
-    def save(v: str, array) -> None:
-        if v in needed and v not in paths:
-            paths[v] = str(directory / f"v{len(paths)}.npy")
-            np.save(paths[v], np.asarray(array, dtype=graph.types[v].dtype))
-
-    def step(node, arrays):
-        try:
-            tensors = [to_tensor(a) for a in arrays]
-            outs = [tensors.to_numpy(o) for o in torch_ops.apply(node.prim, tensors, node.a)]
-        except NotImplementedError:
-            outs = node.prim.ref(arrays, node.a)
-        except RuntimeError as e:  # torch raises on an integer division by zero
-            if "ZeroDivisionError" not in str(e):
-                raise
-            raise KorchError(
-                f"{node.origin.rstrip(':') or node.prim.name}: an integer division by zero on korch's seeded "
-                "inputs (non-index integer inputs are 1 or 2; a divisor computed from them is 0)"
-            ) from None
-        for v, out in zip(node.outputs, outs):
-            save(v, out)
-        return outs
-
-    feeds = check.random_inputs(graph, seed)
-    for v, array in [*graph.constants.items(), *feeds.items()]:
-        save(v, array)
-    with torch.inference_mode():
-        reference.evaluate(graph, feeds, (), step)
-    return paths
-
-
-def _load(value) -> np.ndarray:
-    """A job's array: given, or an .npy file written by _spill_activations."""
-    return from_npy(np.load(value)) if isinstance(value, str) else value
-
-
 def _require_every_primitive(
     graph: Graph, candidates: CandidateSet, runnable: set[str], refusals: dict
 ) -> None:
@@ -411,25 +165,6 @@ def _require_every_primitive(
             f"no backend given can run {len(missing)} primitive(s), the first {what} ({why}); "
             "add a backend (--backends)"
         )
-
-
-def _write_blobs(specs, directory: Path) -> tuple[dict[str, dict[str, bytes]], dict[str, dict[str, str]]]:
-    """Each source model's bytes written once to a file: (key -> {sha256: bytes}, key -> {sha256:
-    path}). Workers load the file instead of receiving hundreds of megabytes through a pipe with
-    every job; the bytes let the job's graph refer to them by digest."""
-    data: dict[str, dict[str, bytes]] = {}
-    paths: dict[str, dict[str, str]] = {}
-    for spec in specs:
-        for node in spec.graph.nodes:
-            for _, value in node.attrs:
-                if isinstance(value, bytes):
-                    digest = hashlib.sha256(value).hexdigest()
-                    path = directory / f"{digest}.onnx"
-                    if not path.exists():
-                        path.write_bytes(value)
-                    data.setdefault(spec.key, {})[digest] = value
-                    paths.setdefault(spec.key, {})[digest] = str(path)
-    return data, paths
 
 
 def _priority(job: tuple[KernelSpec, Backend], lead: frozenset[str] = frozenset()) -> tuple:
@@ -641,8 +376,8 @@ class Profiler:
         needed |= {v for spec in sources.values() for v in spec.outputs}
         directory = tempfile.TemporaryDirectory(prefix="korch-profile-")  # $TMPDIR: on disk, not in RAM
         try:
-            values = _spill_activations(self.graph, needed, Path(directory.name))
-            blob_data, blob_paths = _write_blobs(sources.values(), Path(directory.name))
+            values = spill_activations(self.graph, needed, Path(directory.name))
+            blob_data, blob_paths = write_blobs(sources.values(), Path(directory.name))
         except BaseException:
             directory.cleanup()
             raise
@@ -657,11 +392,10 @@ class Profiler:
     def _job(self, spec: KernelSpec, backend: Backend, phase: str, inputs: list | None = None) -> dict:
         """The job for a worker; `inputs` (arrays) where the kernel reads none of the graph's values."""
         s, options = self._scratch, self.options
-        cls = type(backend)
         job = {
             "key": spec.key,
             "backend": backend.name,
-            "backend_class": f"{cls.__module__}:{cls.__qualname__}",
+            "backend_class": class_path(backend),
             "spec": kernel_graph_json(spec.graph, s.blob_data.get(spec.key, {})),
             "device": options.device,
             "inputs": [s.values[v] for v in spec.inputs] if inputs is None else inputs,
@@ -729,7 +463,7 @@ class _Scratch:
     """What a Profiler holds while it measures: files on disk and the worker pools."""
 
     directory: tempfile.TemporaryDirectory
-    values: dict[str, str]  # value -> .npy path (_spill_activations)
+    values: dict[str, str]  # value -> .npy path (korch.profile.jobs.spill_activations)
     sources: dict[str, KernelSpec]  # the source models among the pending jobs
     blob_data: dict[str, dict[str, bytes]]
     blob_paths: dict[str, dict[str, str]]
@@ -753,17 +487,11 @@ def _profile(key: str, backend: str, outcome: dict) -> Profile:
     )
 
 
-def profile(
-    graph: Graph,
-    candidates: CandidateSet,
-    backends: list[Backend],
-    db: ProfileDB,
-    options: ProfileOptions = ProfileOptions(),
-    specs: dict[str, KernelSpec] | None = None,
-) -> ProfileResult:
-    """Every pending candidate, what matters most first (_priority), within options.time_budget
-    (korch.orchestrate.solve_measure prices the rest)."""
-    with Profiler(graph, candidates, backends, db, options, specs) as profiler:
-        deadline = profiler.started + options.time_budget if options.time_budget is not None else None
+def profile(*args, **kwargs) -> ProfileResult:
+    """Every pending candidate of a Profiler(*args, **kwargs), what matters most first (_priority),
+    within its options.time_budget (korch.orchestrate.solve_measure prices the rest)."""
+    with Profiler(*args, **kwargs) as profiler:
+        budget = profiler.options.time_budget
+        deadline = profiler.started + budget if budget is not None else None
         profiler.measure(profiler.queue(), deadline)
     return profiler.result

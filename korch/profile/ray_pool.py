@@ -8,14 +8,13 @@ import logging
 import time
 
 from korch.errors import first_line
+from korch.profile.jobs import load_array, run_job
+from korch.profile.workers import use_threads
 
 log = logging.getLogger("korch")
 
 
 def _ray_job(job: dict, threads: int) -> dict:
-    from korch.profile.profiler import run_job
-    from korch.profile.workers import use_threads
-
     use_threads(threads)
     return run_job(job)
 
@@ -71,11 +70,9 @@ class RayPool:
     def _portable(self, job: dict) -> dict:
         """The job without paths on this machine: its arrays read from their files. (Source-model
         jobs, which carry a model file, are timed locally and never come here.)"""
-        from korch.profile.profiler import _load
-
-        job = {**job, "inputs": [_load(x) for x in job["inputs"]]}
+        job = {**job, "inputs": [load_array(x) for x in job["inputs"]]}
         if "want" in job:
-            job["want"] = {name: _load(x) for name, x in job["want"].items()}
+            job["want"] = {name: load_array(x) for name, x in job["want"].items()}
         return job
 
     def _result(self, ref) -> dict:

@@ -1,7 +1,7 @@
 """Worker processes that run profiling jobs one at a time each: a crash or a hang costs its job,
 not the run. A job's time limit starts when its worker is ready, not when the job is handed
-over: a fresh worker first imports torch, ONNX Runtime and korch (1.5-2.5 s on an idle 2-core
-machine, over 4 s beside a busy neighbour), and that is not the job's time.
+over: a fresh worker first imports torch, ONNX Runtime and korch (seconds, more beside a busy
+neighbour), and that is not the job's time.
 
 Ctrl-C in a terminal reaches the whole process group. Only the parent acts on it: it stops its
 workers (close), so the workers ignore it, as they would otherwise each print a traceback."""
@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from multiprocessing import util as mp_util
 from multiprocessing.connection import wait
 
+from korch.config import STARTUP_FAILURES, STARTUP_S
 from korch.errors import KorchError
 
-STARTUP_S = 120.0  # a worker not ready after this long is stuck (a hung import, a full disk)
-STARTUP_FAILURES = 3  # workers lost while starting, none ever ready: profiling cannot run here
 _READY = {"ready": True}
 
 
@@ -46,9 +45,9 @@ def use_threads(threads: int) -> None:
 def compile_threads(threads: int | None):
     """Inductor's compile threads raised to `threads` for one compile (None: left as they are):
     the whole graph's kernels, the longest compile of a run, would otherwise compile one after
-    another in a worker whose share of the cores is one (YOLOX-nano's on CPU: 45 s with one
-    thread, 32 s with two). Inductor's pool, once started, stays for the worker's later jobs, which
-    compile with the worker's own share again."""
+    another in a worker whose share of the cores is one; a second thread shortens it. Inductor's
+    pool, once started, stays for the worker's later jobs, which compile with the worker's own
+    share again."""
     if threads is None:
         yield
         return
@@ -105,8 +104,8 @@ def _serve(conn, threads: int, run: Callable[[dict], dict]) -> None:
 
 
 def _leave() -> None:
-    """Exit without the interpreter's teardown: with torch and Inductor loaded it takes 1-2 s of a
-    core, which close() would wait for once per worker, and a worker has nothing to save (the
+    """Exit without the interpreter's teardown: with torch and Inductor loaded it takes seconds of
+    a core, which close() would wait for once per worker, and a worker has nothing to save (the
     parent stores every result). What must still happen does, first: Inductor's pool of compiling
     processes, if this worker started one, is shut down, and multiprocessing's finalizers run
     (without them, its semaphores were reported as leaked when korch exited)."""

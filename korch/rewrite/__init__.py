@@ -1,12 +1,14 @@
 """Rewrites of the primitive graph before candidates are enumerated: the same function (up to
 float rounding) in less work. Each is applied only where it pays: by FLOPs (folding, phase
 splits), by elements moved (transpose pulls) and, given a timer on the target device, by time
-there (phase splits, narrow convolutions, space-to-depth stems)."""
+there (phase splits, narrow convolutions, space-to-depth stems). The timer is handed in
+(korch.pipeline makes it: korch.profile.rewrite_timing), so the rewrites import nothing past the
+graph."""
 
 from __future__ import annotations
 
 from korch.ir.graph import Graph
-from korch.rewrite.common import Timer, Timing
+from korch.rewrite.common import Timing
 from korch.rewrite.linear import fold_linear_maps
 from korch.rewrite.narrow import widen_narrow_convs
 from korch.rewrite.space_to_depth import fold_space_to_depth
@@ -27,7 +29,6 @@ def rewrite(graph: Graph, timer: Timing | None = None) -> tuple[Graph, list[str]
 
 
 __all__ = [
-    "Timer",
     "Timing",
     "fold_linear_maps",
     "fold_space_to_depth",

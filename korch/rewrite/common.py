@@ -1,22 +1,15 @@
 """What the rewrites share: emitting new nodes beside a graph, splicing them in, the driver that
-applies a rewrite until none is left, and timing a rewrite on its own nodes."""
+applies a rewrite until none is left, and cutting out the nodes a rewrite replaces to time it."""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import math
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
 
 import numpy as np
 
-from korch.ir.graph import Graph, Node, freeze_attr, prune, to_text, verify
+from korch.ir.graph import Graph, Node, freeze_attr, prune, verify
 from korch.ir.prims import Prim, TensorType
-from korch.profile.database import ProfileDB
-
-GAIN = 0.8  # a FLOP-saving rewrite must leave less than this fraction of the FLOPs it replaces
-FASTER = 0.8  # a measured rewrite must take less than this fraction of the time
 
 
 class Emitter:
@@ -160,60 +153,6 @@ def subgraph(graph: Graph, nodes: Iterable[int]) -> Graph:
     )
 
 
-def measure(before: Graph, after: Graph, device: str, rounds: int = 3) -> tuple[float, float]:
-    """Milliseconds of two graphs computing the same thing (run op by op in PyTorch: the
-    convolutions Inductor and the vendor backend call), each the fastest of interleaved rounds of
-    the profiler's timer. If either fails to run (a dtype without a kernel, out of memory), the
-    rewritten one counts as never faster."""
-    import torch
-
-    from korch.backends.torch_ops import graph_function
-    from korch.profile.profiler import example_tensors, time_fn
-
-    best = [float("inf"), float("inf")]
-    try:
-        inputs = example_tensors(before, device)
-        fns = [graph_function(g, device) for g in (before, after)]
-        with torch.no_grad():
-            for _ in range(rounds):
-                for k, fn in enumerate(fns):
-                    best[k] = min(best[k], time_fn(fn, inputs, device, min_time=0.02)[0])
-    except Exception:  # the rewrite is an optimization: never let it fail the optimize
-        return 1.0, float("inf")
-    return best[0], best[1]
-
-
-Timing = Callable[[Graph, Graph], "tuple[float, float]"]  # (ms before, ms after) of a rewrite
-
-
-class Timer:
-    """Times a rewrite against the nodes it replaces on a device (`measure`). Given a profile
-    database, each timing is kept there under the pair's structure (weights' values aside), the
-    torch version and the device, so a later optimize makes the same decision without timing
-    again (a decision near the FASTER line would otherwise flip between runs and change every
-    candidate key downstream). Timings that failed are not kept."""
-
-    def __init__(self, device: str, db: ProfileDB | None = None):
-        self.device = device
-        self.db = db
-
-    def __call__(self, before: Graph, after: Graph) -> tuple[float, float]:
-        if self.db is None:
-            return measure(before, after, self.device)
-        import torch
-
-        from korch.backends import device_name
-
-        where = (_pair_key(before, after), f"torch {torch.__version__}", device_name(self.device))
-        kept = self.db.rewrite_timing(*where)
-        if kept is not None:
-            return kept
-        ms = measure(before, after, self.device)
-        if math.isfinite(ms[0]) and math.isfinite(ms[1]):
-            self.db.store_rewrite_timing(*where, *ms)
-        return ms
-
-
-def _pair_key(before: Graph, after: Graph) -> str:
-    text = "\n".join(to_text(dataclasses.replace(g, name="g")) for g in (before, after))
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+# a rewrite's timer: (ms before, ms after) of the nodes it replaces and of its own, on the target
+# device (korch.profile.rewrite_timing.RewriteTimer, handed in by korch.pipeline)
+Timing = Callable[[Graph, Graph], "tuple[float, float]"]

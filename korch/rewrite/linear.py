@@ -13,7 +13,7 @@ input with a constant matrix M [C_in, C_out]. Such a map can move toward its pro
 
 Segformer's all-MLP decoder is the textbook case: four linear layers, bilinear upsampling, a
 concatenation and a 1x1 convolution become four linear layers whose weights already contain the
-convolution (2.1 of its 8 GFLOPs disappear). A rewrite is applied only when the FLOPs it leaves are
+convolution, so its work disappears. A rewrite is applied only when the FLOPs it leaves are
 less than GAIN of those it replaces; results change by float rounding only (reassociation)."""
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from korch.config import GAIN
 from korch.ir.graph import Graph, Node
 from korch.ir.prims import FLOAT_DTYPES, Prim
-from korch.rewrite.common import GAIN, Emitter, GraphMaps, per_graph, replace_node, rewrite_all, unit_conv
+from korch.rewrite.common import Emitter, GraphMaps, per_graph, replace_node, rewrite_all, unit_conv
 
 # region nodes that do arithmetic: resizing the mixed axis changes their work (layout nodes count 0)
 _ARITHMETIC = (Prim.ADD, Prim.SUB, Prim.MUL, Prim.NEG, Prim.REDUCE_SUM)

@@ -7,24 +7,21 @@ on the input, depth-to-space on the output) turns it into a convolution with 4x 
 channels, 4x the input channels and a kernel of k // 2 + 1 taps: about 23% more FLOPs for
 a 9x9 kernel, but vectors four times fuller. Whether that pays depends on the library and the
 device, so korch times both forms with PyTorch on the target device and rewrites only when the
-folded one takes less than FASTER of the time (Candy's last layer, 3 channels and a 9x9 kernel,
-on a 2-core AMD EPYC: 19.2 -> 7.7 ms)."""
+folded one takes less than FASTER of the time."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from korch.config import BLOCK, FASTER, NARROW
 from korch.ir.graph import Graph, Node
 from korch.ir.prims import Prim
-from korch.rewrite.common import FASTER, Emitter, Timing, replace_node, rewrite_all, subgraph, unit_conv
-
-NARROW = 4  # at most this many output channels (folded: 16, an AVX-512 vector of fp32)
-BLOCK = 2  # output pixels folded per axis
+from korch.rewrite.common import Emitter, Timing, replace_node, rewrite_all, subgraph, unit_conv
 
 
 def widen_narrow_convs(graph: Graph, timer: Timing) -> tuple[Graph, list[str]]:
-    """The graph with each narrow convolution folded where `timer` (common.Timer on the target
-    device) measured that faster."""
+    """The graph with each narrow convolution folded where `timer` (a RewriteTimer on the target
+    device, korch.profile.rewrite_timing) measured that faster."""
     rejected: set[Node] = set()  # measured slower: not measured again after another fold
     folded: set[str] = set()  # weights this rewrite made (a 1-channel fold has 4: not again)
 

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from korch.config import FASTER, GAIN
 from korch.ir.graph import Graph, Node
 from korch.ir.prims import Prim, repeat_factor
-from korch.measure.roofline import node_flops
+from korch.ir.work import node_flops
 from korch.rewrite.common import (
-    FASTER,
-    GAIN,
     Emitter,
     Timing,
     replace_node,
@@ -46,7 +45,8 @@ class _Match:
 
 def split_upsampled_convs(graph: Graph, timer: Timing | None = None) -> tuple[Graph, list[str]]:
     """The graph with every profitable resize-convolution split into phases (by FLOPs and, given
-    a timer (common.Timer on the target device), by time); one line per split."""
+    a timer (a RewriteTimer on the target device, korch.profile.rewrite_timing), by time); one
+    line per split."""
     rejected: set[Node] = set()  # measured slower: not measured again after another split
 
     def attempt(graph: Graph, i: int, node: Node) -> tuple[Graph, str] | None:
@@ -172,8 +172,8 @@ def _apply(graph: Graph, i: int, match: _Match) -> Graph:
         xp = em.emit(Prim.PAD, [xp], pads=(0, 0, *lo, 0, 0, *hi), mode=match.mode, value=0.0)
 
     # each phase convolves the whole padded input and keeps the outputs from its first tap on,
-    # for 2-4% more FLOPs: a slice of the input was copied for every phase, as a convolution
-    # library wants its input dense (Candy: 8 copies a run; 71.1 -> 70.2 ms in one Inductor kernel)
+    # for a few more FLOPs: a slice of the input for each phase would be a copy, as a convolution
+    # library wants its input dense, and the copies cost more than those FLOPs
     outputs: dict[tuple[int, ...], str] = {}
     for phases in itertools.product(*(range(s) for s in match.scales)):
         kernel = w.astype(np.float64)

@@ -6,14 +6,13 @@ to the newest addition that are not adjacent to anything before, so every connec
 exactly once. Growth stops at sets that break a monotone legality rule, and at sets whose convex
 closure (every node on a path between two of its members) is already larger than the bound.
 A region where the bound allows more than `max_per_partition` sets (a value that many chains
-read: an unrolled scan's 16 gathers from one tensor made 1.1 million), or where growing them looks
+read, such as an unrolled scan's gathers from one tensor), or where growing them looks
 at more than `max_visits` sets, legal or not, gets the largest bound that keeps it under both
 numbers. The second limit is for sets that legality rejects only once finished: Keras'
 UpSampling1D, as tf2onnx writes it, splits a tensor into 64 rows and concatenates each twice, and
 every set of up to 11 of the rows with their source is connected and convex but writes too many
-outputs (10^11 sets to look at, none kept: `korch optimize` never finished). The most sets any
-other model measured keeps is 23 424 (Qwen2's first region, its rotary embedding read by every
-layer; the zoo's most is 2 554); the zoo's partitions look at 12 196 at most (Candy)."""
+outputs: without the limit, enumeration looks at far more sets than it could finish, and keeps
+none. Both limits sit above what every other model measured keeps and looks at (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -24,15 +23,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from korch.config import INDEX_CONSTANT, SMALL_CONSTANT
 from korch.ir.graph import Graph
 from korch.ir.prims import Kind
 from korch.search.legality import LegalityOptions, final_reason, monotone_reason
 from korch.search.partition import Partition, PartitionOptions, partition
-
-SMALL_CONSTANT = 8  # constants up to this many elements are baked into kernels: part of the key
-# integer constants (gather indices) up to this size are baked in too: they fix which elements a
-# kernel reads, and a backend can recognise what they do (a nearest upsampling is a Resize in ONNX)
-INDEX_CONSTANT = 4096
 
 
 def baked(array: np.ndarray) -> bool:
@@ -44,7 +39,7 @@ def baked(array: np.ndarray) -> bool:
 class CandidateOptions:
     max_size: int = 12  # primitives per candidate, broadcasts not counted
     max_per_partition: int = 50_000  # past this a partition's size bound is lowered (see the module doc)
-    max_visits: int = 500_000  # sets looked at, kept or rejected: past this too (about 2 s)
+    max_visits: int = 500_000  # sets looked at, kept or rejected: past this too (a bound on the time)
     legality: LegalityOptions = LegalityOptions()
     partition: PartitionOptions = PartitionOptions()
 

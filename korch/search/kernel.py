@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from korch.config import INDEX_CONSTANT
 from korch.errors import KorchError
 from korch.ir.graph import Graph, Node
 from korch.ir.serialize import graph_to_json
-from korch.search.candidates import INDEX_CONSTANT, Candidate, baked
+from korch.search.candidates import Candidate, baked
 
 SOURCE_MODEL_PREFIX = "model-"  # key prefix of the source model run whole (korch.pipeline)
 WHOLE_GRAPH_PREFIX = "graph-"  # key prefix of the whole primitive graph as one kernel (korch.pipeline)
@@ -80,7 +81,7 @@ def kernel_spec(graph: Graph, candidate: Candidate) -> KernelSpec:
         name=f"k_{candidate.key}",
     )
     # (not verified here: a renamed part of a verified graph, built for every candidate of a
-    # model, tens of thousands; tests/test_kernel.py verifies what this builds)
+    # model, tens of thousands; tests/search/test_kernel.py verifies what this builds)
     return KernelSpec(candidate.key, sub, tuple(inputs), candidate.outputs, candidate.seed)
 
 

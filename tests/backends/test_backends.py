@@ -16,7 +16,7 @@ from korch.backends.vendor import VendorBackend
 from korch.ir import reference, tensors
 from korch.ir.prims import Prim
 from korch.ir.tensors import to_tensor
-from korch.profile.profiler import check_kernel
+from korch.profile.jobs import check_kernel
 from korch.search.candidates import make_candidate
 from korch.search.kernel import kernel_spec
 

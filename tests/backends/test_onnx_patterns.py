@@ -14,7 +14,7 @@ from korch.backends.onnxrt import OnnxRuntimeBackend, to_onnx
 from korch.ir import reference
 from korch.ir.graph import GraphBuilder
 from korch.ir.prims import Prim, TensorType
-from korch.profile.profiler import check_kernel
+from korch.profile.jobs import check_kernel
 from korch.search.candidates import make_candidate
 from korch.search.kernel import kernel_spec
 
@@ -270,6 +270,7 @@ def test_fused_export_agrees_on_a_model_of_many_patterns():
     _run_and_check(spec, inputs, weights)
 
 
+@pytest.mark.e2e
 def test_optimize_profiles_upsampling_kernels_and_the_plan_reloads(tmp_path):
     """A gather's index array (24 elements here) is part of its kernel: it travels to the
     profiling workers and into the saved plan, and ONNX Runtime runs the kernel as a Resize."""
@@ -288,7 +289,7 @@ def test_optimize_profiles_upsampling_kernels_and_the_plan_reloads(tmp_path):
         backends=("onnxruntime",), min_time=0.002, progress=False, cache=tmp_path / "p.sqlite", seeds=False
     )
     plan = optimize(path, options=options)
-    assert plan.meta["profiling"]["failed"] == 0, plan.meta["profiling"]
+    assert plan.meta.profiling["failed"] == 0, plan.meta.profiling
     assert any(
         len(k.spec.graph.constants) and k.spec.graph.nodes[-1].prim is Prim.GATHER for k in plan.kernels
     )
@@ -467,7 +468,7 @@ def test_slices_tiling_an_axis_are_written_as_one_split():
 
 @pytest.mark.parametrize("varies_along_rows", [False, True])
 def test_a_lerp_whose_weights_vary_along_another_axis_is_no_resize(varies_along_rows):
-    from korch.frontend.onnx.rules_resize import linear_taps, source_coords
+    from korch.frontend.ops.sampling import linear_taps, source_coords
 
     lo, hi, w = linear_taps(source_coords("half_pixel", 8, 4, 2.0), 4, "float32")
     weights = np.broadcast_to(w, (1, 2, 4, 8)).copy()

@@ -14,7 +14,7 @@ from korch.ir.prims import Prim
 from korch.ir.tensors import to_tensor
 from korch.measure import check
 from korch.pipeline import OptimizeOptions, optimize
-from korch.profile.profiler import check_kernel
+from korch.profile.jobs import check_kernel
 from korch.search.candidates import make_candidate
 from korch.search.kernel import kernel_spec
 
@@ -158,6 +158,7 @@ def test_opaque_kernel_with_constant_inputs_compiles_and_runs(case):
         assert check_kernel(outs, want, spec.graph) is None
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", list(MODELS))
 def test_plan_runs_an_opaque_kernel_with_constant_inputs(case, tmp_path):
     model, op = MODELS[case]()
@@ -176,6 +177,7 @@ def test_plan_runs_an_opaque_kernel_with_constant_inputs(case, tmp_path):
         np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.e2e
 def test_plan_with_an_opaque_kernel_survives_save_and_load(tmp_path):
     """The loaded plan compiles its kernels again (korch.plan.runtime, weights baked in)."""
     from korch.plan.plan import Plan

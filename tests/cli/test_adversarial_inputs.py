@@ -288,6 +288,7 @@ INPUT_CASES = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name, match", INPUT_CASES, ids=[c[0] for c in INPUT_CASES])
 def test_a_hostile_inputs_file_is_one_line(name, match, world, capsys):
     path = world["files"][name]

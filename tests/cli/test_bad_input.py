@@ -64,6 +64,7 @@ def corpus(tmp_path_factory):
     return {"cases": cases, "db": work / "cache.sqlite", "plan": root / "plan", "root": root}
 
 
+@pytest.mark.e2e
 def test_the_corpus_is_large_and_covers_every_command(corpus):
     by_category = Counter(c.category for c in corpus["cases"])
     assert set(by_category) == set(CATEGORIES)
@@ -104,7 +105,7 @@ def test_the_good_plan_still_runs_and_mismatches_can_be_overridden(corpus, capsy
     assert code == 0 and '"ok": true' in out, err
     with pytest.raises(KorchError, match="torch 1.0.0"):
         korch.load(stale)
-    assert korch.load(stale, allow_mismatch=True).meta["versions"]["torch"] == "1.0.0"
+    assert korch.load(stale, allow_mismatch=True).meta.versions["torch"] == "1.0.0"
 
 
 @pytest.mark.parametrize(

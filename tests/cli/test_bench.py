@@ -42,6 +42,7 @@ def module_and_plan(tmp_path_factory):
     return module, plan, tmp
 
 
+@pytest.mark.e2e
 def test_peers_agree_with_korch_and_are_timed(module_and_plan):
     module, plan, _ = module_and_plan
     report = bench(plan, ("onnxruntime", "eager", "torch-compile"), rounds=2, module=module)

@@ -121,6 +121,7 @@ def test_shape_pins_symbolic_dims(tmp_path):
     assert json.loads(out)["primitives"] == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("bad", ["x", "x=3xA", "=3", "x=-1x4"])
 def test_bad_shape_syntax(tmp_path, bad):
     assert_one_line_error(*run_cli("fission", _symbolic_model(tmp_path), "--shape", bad))
@@ -408,6 +409,7 @@ def test_bench_needs_a_peer(vs, identity_plan, capsys):
     assert_one_line_error(code, out, err, match="--vs names no peer")
 
 
+@pytest.mark.e2e
 def test_float16_models_are_checked_at_float16_precision(tmp_path):
     """float16 carries about three decimal digits: fission --check and verify accept 1e-2 there
     (a float16 softmax differs from ONNX Runtime's by ~5e-4, against float32's 1e-4), while

@@ -24,6 +24,7 @@ from korch.frontend import import_onnx
 from korch.orchestrate.alternatives import rejected_alternatives
 from korch.orchestrate.solver import Choice, Solution, greedy
 from korch.pipeline import OptimizeOptions, optimize
+from korch.plan.meta import PlanMeta
 from korch.plan.plan import Plan, build_plan
 from korch.profile.database import Profile
 from korch.search.candidates import Candidate, CandidateOptions, enumerate_candidates
@@ -59,6 +60,7 @@ def plan_dir(tmp_path_factory):
     return tmp / "plan"
 
 
+@pytest.mark.e2e
 def test_report_matches_the_plan(plan_dir):
     plan = Plan.load(plan_dir)
     r = explain.report(plan, str(plan_dir))
@@ -74,11 +76,11 @@ def test_report_matches_the_plan(plan_dir):
             assert k["flops"] > 0 and k["gflops"] > 0
         for a in k["alternatives"]:
             assert a["ms"] > 0 and a["what"]
-    ceilings = plan.meta["ceilings"]
+    ceilings = plan.meta.ceilings
     assert ceilings["bandwidth_gbs"] > 0 and ceilings["gflops"] > 0
-    assert len(plan.meta["alternatives"]) == len(plan.kernels)
-    assert r["pruned"] == plan.meta["candidates"]["pruned"] and r["solver"]["status"] == "optimal"
-    measured = plan.meta.get("measured")  # the plan timed in place, where optimize measured it
+    assert len(plan.meta.alternatives) == len(plan.kernels)
+    assert r["pruned"] == plan.meta.candidates["pruned"] and r["solver"]["status"] == "optimal"
+    measured = plan.meta.measured  # the plan timed in place, where optimize measured it
     if measured:
         assert [k["in_place_ms"] for k in r["kernels"]] == measured["kernels_ms"]
         assert f"measured in place: {measured['ms']:.4f} ms" in explain.text(r)
@@ -115,8 +117,7 @@ def test_old_plans_without_the_graph_draw_each_kernel(plan_dir):
     )
     assert any(n.deps for n in nodes if n.kernels[0] > 0)  # kernels are wired to each other
     assert "no saved primitive graph" in page(plan, explain.report(plan))
-    for key in ("alternatives", "ceilings"):  # plans written before these were measured
-        del plan.meta[key]
+    plan.meta.alternatives, plan.meta.ceilings = [], {}  # plans made by hand record neither
     r = explain.report(plan)
     assert all(k["alternatives"] == [] and k["bw_frac"] is None for k in r["kernels"])
     assert "ceilings" not in explain.text(r) and "<table" in page(plan, r)
@@ -242,7 +243,7 @@ def test_700_node_graph_renders_quickly(tmp_path):
     chosen = greedy(
         graph, found.partitions, found.candidates, lambda key: (1 + int(key[:2], 16) % 7, "inductor")
     )
-    plan = build_plan(graph, chosen, "cpu", {"fission": {"primitives": len(graph.nodes)}})
+    plan = build_plan(graph, chosen, "cpu", PlanMeta(fission={"primitives": len(graph.nodes)}))
     start = time.perf_counter()
     html = tmp_path / "big.html"
     html.write_text(page(plan, explain.report(plan, "synthetic")))

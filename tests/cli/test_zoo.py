@@ -5,9 +5,10 @@ import pytest
 import korch
 from korch.cli import zoo
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", list(zoo.MODELS))
 def test_zoo_model_fission_matches_onnxruntime(name, zoo_dir):
     path = zoo.build(name, zoo_dir)

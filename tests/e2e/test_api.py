@@ -172,7 +172,7 @@ def test_an_index_outside_its_table_is_refused_before_any_kernel_runs(tmp_path):
     table = rand(10, 4)
     model, _ = one_node_model("Gather", [Const(table), np.array([[1, 9]], dtype="int64")], {"axis": 0})
     plan = korch.optimize(model, cache=tmp_path / "p.sqlite", backends="onnxruntime", **FAST)
-    assert plan.meta["index_limits"] == {plan.inputs[0][0]: 10}
+    assert plan.meta.index_limits == {plan.inputs[0][0]: 10}
     # (arrays run as they are; a masked array's min and max would skip the 99 ONNX Runtime reads)
     masked = np.ma.masked_array(np.array([[1, 99]], dtype="int64"), mask=[[False, True]])
     for bad in (np.array([[1, 99]], dtype="int64"), torch.tensor([[1, 99]]), masked):

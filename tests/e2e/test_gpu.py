@@ -10,11 +10,13 @@ import torch
 from test_backends import CASES, _whole_graph_spec, grouped_matmul_spec
 from test_bench import FAST, Attention
 
-from korch.backends import get_backends, hold_device, timing_events
+from korch.backends import get_backends
 from korch.cli.bench import bench
 from korch.ir import tensors
+from korch.measure.device import hold_device, timing_events
+from korch.measure.timing import time_fn
 from korch.pipeline import OptimizeOptions, measure_in_place, optimize
-from korch.profile.profiler import check_kernel, time_fn
+from korch.profile.jobs import check_kernel
 
 pytestmark = [
     pytest.mark.gpu,

@@ -52,15 +52,15 @@ def model_path(tmp_path_factory):
     return path
 
 
-def test_optimize_verify_save_load(model_path, tmp_path):
+def test_optimize_verify_saveload_array(model_path, tmp_path):
     plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
     assert plan.verify() <= 1e-4
-    assert plan.predicted_ms > 0 and plan.meta["solver"]["status"] == "optimal"
+    assert plan.predicted_ms > 0 and plan.meta.solver["status"] == "optimal"
     # the solver's first plan, priced like the greedy one by the kernels' timings alone (the plan
     # kept is the one measured fastest in place, whose price may be higher)
-    assert plan.meta["greedy_ms"] >= plan.meta["refine"][0]["predicted_ms"] - 1e-9
+    assert plan.meta.greedy_ms >= plan.meta.refine[0]["predicted_ms"] - 1e-9
     covered = {i for k in plan.kernels for i in k.nodes}
-    assert covered == set(range(plan.meta["fission"]["primitives"]))
+    assert covered == set(range(plan.meta.fission["primitives"]))
     plan.save(tmp_path / "plan")
     x = np.random.default_rng(1).standard_normal((1, 3, 6, 6)).astype("float32")
     want = plan(x)[0]
@@ -98,9 +98,9 @@ def test_second_optimize_uses_the_cache(model_path, tmp_path):
     options = OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST)
     first = optimize(model_path, options=options)
     second = optimize(model_path, options=options)
-    assert first.meta["profiling"]["profiled"] > 0
-    assert second.meta["profiling"]["profiled"] == 0
-    assert second.meta["profiling"]["cache_hits"] == first.meta["profiling"]["profiled"]
+    assert first.meta.profiling["profiled"] > 0
+    assert second.meta.profiling["profiled"] == 0
+    assert second.meta.profiling["cache_hits"] == first.meta.profiling["profiled"]
     # the same cached costs make the same selection (the refinement's side-by-side runoff may
     # break a tie between equal plans either way: the source model and the primitive graph, here)
     quick = dataclasses.replace(options, measure=False)
@@ -251,7 +251,8 @@ def test_a_source_model_plan_keeps_the_model_once(model_path, tmp_path):
     from korch.orchestrate.solver import Choice
     from korch.plan.plan import build_plan
 
-    plan = build_plan(result.graph, Solution([Choice(cand, "onnxruntime", 1.0)]), "cpu", {}, {cand.key: spec})
+    chosen = Solution([Choice(cand, "onnxruntime", 1.0)])
+    plan = build_plan(result.graph, chosen, "cpu", specs={cand.key: spec})
     plan.model = result.model
     assert isinstance(plan.kernels[0], PlanKernel) and plan.kernels[0].spec.key.startswith(
         SOURCE_MODEL_PREFIX
@@ -268,16 +269,16 @@ def test_the_source_model_job_reads_its_file_and_is_checked_against_the_primitiv
     Runtime's outputs against the primitive graph's values the caller computed."""
     from korch.ir.serialize import graph_to_json
     from korch.pipeline import original_model_seed
-    from korch.profile.profiler import _load, _spill_activations, _write_blobs, run_job
+    from korch.profile.jobs import load_array, run_job, spill_activations, write_blobs
 
     result = korch.fission(model_path)
     _, spec = original_model_seed(result.graph, result.model)
-    data, paths = (by_key[spec.key] for by_key in _write_blobs([spec], tmp_path))
-    values = _spill_activations(result.graph, set(spec.inputs) | set(spec.outputs), tmp_path)
+    data, paths = (by_key[spec.key] for by_key in write_blobs([spec], tmp_path))
+    values = spill_activations(result.graph, set(spec.inputs) | set(spec.outputs), tmp_path)
     want = {n: values[v] for n, v in zip(spec.graph.output_names, spec.outputs)}
-    expected = reference.run(result.graph, {v: _load(values[v]) for v in spec.inputs})
+    expected = reference.run(result.graph, {v: load_array(values[v]) for v in spec.inputs})
     for name, v in zip(spec.graph.output_names, result.graph.output_names):  # the files hold real values
-        np.testing.assert_allclose(_load(want[name]), expected[v], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(load_array(want[name]), expected[v], rtol=1e-5, atol=1e-5)
     job = {
         "key": spec.key,
         "backend_class": "korch.backends.onnxrt:OnnxRuntimeBackend",
@@ -292,7 +293,7 @@ def test_the_source_model_job_reads_its_file_and_is_checked_against_the_primitiv
     assert "base64" not in str(job["spec"])
     ok = run_job(job)
     assert ok["status"] == "ok" and ok["median_ms"] > 0
-    wrong = run_job({**job, "want": {n: _load(w) + 1.0 for n, w in want.items()}})
+    wrong = run_job({**job, "want": {n: load_array(w) + 1.0 for n, w in want.items()}})
     assert wrong["status"] == "failed" and "wrong result" in wrong["reason"]
 
 
@@ -320,24 +321,24 @@ def test_refinement_measures_whole_graph_kernels_even_when_their_profile_was_dis
         conn.execute(slower + " WHERE key = ?", (first.predicted_ms, first.predicted_ms, whole))
         (slow,) = conn.execute("SELECT MIN(median_ms) FROM profiles WHERE key = ?", (whole,)).fetchone()
     plan = optimize(model_path, options=OptimizeOptions(cache=db, **FAST))
-    history = plan.meta["refine"]
+    history = plan.meta.refine
     assert any(h["kernels"] == 1 and h["predicted_ms"] == pytest.approx(slow) for h in history), history
-    runoff = plan.meta["runoff"]  # plans measured close to the fastest ran again side by side
+    runoff = plan.meta.runoff  # plans measured close to the fastest ran again side by side
     if runoff is None:
-        assert plan.meta["measured"]["min_ms"] == min(h["min_ms"] for h in history)
+        assert plan.meta.measured["min_ms"] == min(h["min_ms"] for h in history)
     else:  # the lowest median, unless the source model was kept (not consistently slower)
         medians = runoff["medians_ms"]
         fastest = runoff["min_ms"][medians.index(min(medians))]
         source = plan.kernels[0].spec.key.startswith("model-")
         kept_source = source and "rounds_faster_than_source_model" in runoff
-        assert plan.meta["measured"]["min_ms"] == fastest or kept_source
+        assert plan.meta.measured["min_ms"] == fastest or kept_source
     assert plan.verify() <= 1e-4
 
 
 def test_a_zero_time_budget_still_makes_a_verified_plan(model_path, tmp_path):
     """The first chunk (the source model run whole first of all) is always profiled."""
     plan = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", time_budget=0, **FAST))
-    assert plan.meta["profiling"]["skipped"] > 0
+    assert plan.meta.profiling["skipped"] > 0
     assert plan.verify() <= 1e-4
 
 
@@ -494,7 +495,7 @@ def test_kernels_with_one_key_and_different_weights_each_get_their_own(tmp_path)
     assert [n.origin.split(":")[0] for n in graph.nodes] == ["Conv", "Relu"] * 2
     halves = [make_candidate(graph, [0, 1]), make_candidate(graph, [2, 3])]
     assert halves[0].key == halves[1].key
-    plan = build_plan(graph, Solution([Choice(h, "onnxruntime", 1.0) for h in halves]), "cpu", {})
+    plan = build_plan(graph, Solution([Choice(h, "onnxruntime", 1.0) for h in halves]), "cpu")
     assert plan.verify() <= 1e-4
     plan.save(tmp_path / "plan")
     assert korch.load(tmp_path / "plan").verify() <= 1e-4
@@ -512,14 +513,14 @@ def test_plans_measured_close_run_again_side_by_side_and_the_faster_wins(model_p
     fast = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
     graph = fast.graph
     whole = make_candidate(graph, range(len(graph.nodes)))
-    slow = build_plan(graph, Solution([Choice(whole, "reference", 1.0)]), "cpu", {})  # numpy, op by op
-    slow.meta["measured"] = measure_in_place(slow)
-    fast.meta["measured"] = {**fast.meta["measured"], "min_ms": 1.1 * slow.meta["measured"]["min_ms"]}
+    slow = build_plan(graph, Solution([Choice(whole, "reference", 1.0)]), "cpu")  # numpy, op by op
+    slow.meta.measured = measure_in_place(slow)
+    fast.meta.measured = {**fast.meta.measured, "min_ms": 1.1 * slow.meta.measured["min_ms"]}
     contenders = [(fast, "fast"), (slow, "slow")]
     (winner, name), runoff = _runoff((slow, "slow"), contenders, 0.1)
     assert name == "fast" and winner is fast
     assert runoff["medians_ms"][0] < runoff["medians_ms"][1] and len(runoff["min_ms"]) == 2
-    fast.meta["measured"]["min_ms"] = 2 * slow.meta["measured"]["min_ms"]
+    fast.meta.measured["min_ms"] = 2 * slow.meta.measured["min_ms"]
     assert _runoff((slow, "slow"), contenders, 0.1) == ((slow, "slow"), None)
 
 
@@ -529,7 +530,8 @@ def test_a_plan_is_consistently_faster_by_a_sign_test_over_the_rounds(rounds):
     round counts for the challenger when its median call there was the faster one."""
     from scipy.stats import binomtest
 
-    from korch.pipeline import RUNOFF_SIGNIFICANCE, consistently_faster, rounds_faster
+    from korch.config import RUNOFF_SIGNIFICANCE
+    from korch.pipeline import consistently_faster, rounds_faster
 
     for wins in range(rounds + 1):
         challenger = [[1.0, 2.0, 3.0]] * rounds  # median 2
@@ -549,21 +551,22 @@ def test_the_runoff_keeps_the_source_model_unless_another_plan_is_consistently_f
     plan no faster. Here the other plan has the lower median overall but is faster in `wins` of 8
     rounds: 5 is chance, and the source model stays; 8 is not."""
     import korch.pipeline as pipeline
+    from korch.config import RUNOFF_ROUNDS
     from korch.orchestrate.solver import Choice, Solution
-    from korch.pipeline import RUNOFF_ROUNDS, _runoff, original_model_seed
+    from korch.pipeline import _runoff, original_model_seed
     from korch.plan.plan import build_plan
     from korch.search.candidates import make_candidate
 
     first = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
     graph = first.graph
     cand, spec = original_model_seed(graph, first.model)
-    source = build_plan(graph, Solution([Choice(cand, "onnxruntime", 1.0)]), "cpu", {}, {cand.key: spec})
+    source = build_plan(graph, Solution([Choice(cand, "onnxruntime", 1.0)]), "cpu", specs={cand.key: spec})
     whole = make_candidate(graph, range(len(graph.nodes)))  # the primitive graph in one session
-    other = build_plan(graph, Solution([Choice(whole, "onnxruntime", 1.0)]), "cpu", {})
+    other = build_plan(graph, Solution([Choice(whole, "onnxruntime", 1.0)]), "cpu")
     source.model = other.model = first.model
     assert pipeline._is_source_model(source) and not pipeline._is_source_model(other)
     for plan in (source, other):
-        plan.meta["measured"] = {"min_ms": 1.0}
+        plan.meta.measured = {"min_ms": 1.0}
     # the other plan: 0.5 ms in its winning rounds, 1.01 in the rest; the source model 1.0 throughout
     timed = {0: [[0.5]] * wins + [[1.01]] * (RUNOFF_ROUNDS - wins), 1: [[1.0]] * RUNOFF_ROUNDS}
     monkeypatch.setattr(pipeline, "interleave", lambda calls, *a, **k: {i: timed[i] for i in calls})

@@ -26,17 +26,20 @@ from korch.backends import get_backends
 from korch.errors import KorchError
 from korch.pipeline import OptimizeOptions, optimize
 from korch.plan.check import write_manifest
+from korch.plan.meta import PlanMeta
 from korch.plan.plan import Plan
 
 SAVER = textwrap.dedent("""
     import sys
     import numpy as np
+    from korch.plan.meta import PlanMeta
     from korch.plan.plan import Plan
     from korch.ir.prims import TensorType
     target, n = sys.argv[1], 16 * 2**20
     plans = [
         Plan([("x", TensorType((4,), "float32"))], [("x", "y")], [],
-             {"w": np.full(n, tag, "float32"), "v": np.full(4, tag, "float32")}, meta={"tag": tag})
+             {"w": np.full(n, tag, "float32"), "v": np.full(4, tag, "float32")},
+             meta=PlanMeta(seconds=tag))
         for tag in (1, 2)
     ]
     print("ready", flush=True)
@@ -54,7 +57,7 @@ def _consistent_or_refused(path) -> str:
         plan = Plan.load(path)
     except KorchError:
         return "refused"
-    tag = plan.meta["tag"]
+    tag = plan.meta.seconds
     assert tag in (1, 2)
     assert np.all(plan.weights["w"] == tag) and np.all(plan.weights["v"] == tag)
     return "loaded"
@@ -80,8 +83,8 @@ def test_sigkill_during_plan_writing_never_leaves_a_loadable_partial_plan(tmp_pa
             _consistent_or_refused(leftover)
     assert "loaded" in outcomes, outcomes  # the old or the new plan survives almost every kill
     assert partial > 0, "no kill landed mid-write"
-    Plan([], [], [], {"w": np.zeros(3, "float32")}, meta={"tag": 1}).save(target)  # and recovers
-    assert Plan.load(target).meta["tag"] == 1 and not list(tmp_path.glob(".plan.*"))
+    Plan([], [], [], {"w": np.zeros(3, "float32")}, meta=PlanMeta(seconds=1)).save(target)  # and recovers
+    assert Plan.load(target).meta.seconds == 1 and not list(tmp_path.glob(".plan.*"))
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +187,8 @@ def test_faulty_backends_are_excluded_and_the_plan_verifies(tmp_path, monkeypatc
     )
     plan = optimize(tmp_path / "m.onnx", options=options)
     assert {k.backend for k in plan.kernels} == {"onnxruntime"}
-    profiling = plan.meta["profiling"]
-    assert profiling["failed"] >= 4 * plan.meta["candidates"]["unique_candidates"], profiling
+    profiling = plan.meta.profiling
+    assert profiling["failed"] >= 4 * plan.meta.candidates["unique_candidates"], profiling
     plan.save(tmp_path / "plan")
     assert korch.load(tmp_path / "plan").verify() <= 1e-4
 
@@ -221,9 +224,9 @@ def test_only_versions_the_plan_depends_on_are_compared(tiny_model, tmp_path):
     plan = optimize(tiny_model, options=options)
     used = {k.backend for k in plan.kernels}
     unused = {"onnxruntime", "vendor"} - used
-    versions = plan.meta["versions"]
+    versions = plan.meta.versions
     assert {"korch", "torch", "onnxruntime", *(f"backend:{b}" for b in used)} <= set(versions)
-    assert plan.meta["device_name"]
+    assert plan.meta.device_name
     plan.save(tmp_path / "plan")
     stale_unused = {f"backend:{name}": "x" for name in unused}  # unused backends may change freely
     _reseal(tmp_path / "plan", lambda d: d["meta"]["versions"].update(stale_unused))
@@ -236,7 +239,7 @@ def test_only_versions_the_plan_depends_on_are_compared(tiny_model, tmp_path):
 
 
 def test_the_manifest_is_written_last_and_covers_every_file(tmp_path):
-    plan = Plan([], [], [], {"w": np.arange(5, dtype="float32")}, meta={"tag": 3})
+    plan = Plan([], [], [], {"w": np.arange(5, dtype="float32")}, meta=PlanMeta(seconds=3))
     plan.save(tmp_path / "p")
     manifest = json.loads((tmp_path / "p" / "MANIFEST.json").read_text())
     files = sorted(p.name for p in (tmp_path / "p").iterdir() if p.name != "MANIFEST.json")
@@ -244,7 +247,7 @@ def test_the_manifest_is_written_last_and_covers_every_file(tmp_path):
     newest = max(os.stat(tmp_path / "p" / f).st_mtime_ns for f in files)
     assert os.stat(tmp_path / "p" / "MANIFEST.json").st_mtime_ns >= newest
     (tmp_path / "p" / "extra.txt").write_text("not part of the plan")  # additions are harmless
-    assert Plan.load(tmp_path / "p").meta["tag"] == 3
+    assert Plan.load(tmp_path / "p").meta.seconds == 3
     with open(tmp_path / "p" / "plan.json", "a") as f:
         f.write(" ")
     with pytest.raises(KorchError, match="plan.json"):

@@ -60,7 +60,7 @@ def test_compiled_module_matches_eager(make, shape, compiled_graphs, torch_cache
         want = module(x)
     assert isinstance(got, torch.Tensor) and got.shape == want.shape
     assert check.rel_err(got.numpy(), want.numpy()) <= 1e-4
-    assert compiled_graphs[0].meta["fission"]["source"] == "torch"
+    assert compiled_graphs[0].meta.fission["source"] == "torch"
     # parameters and buffers are frozen into the plan: the only input is x
     assert [name for name, _ in compiled_graphs[0].inputs] == [compiled_graphs[0].inputs[0][0]]
 

@@ -182,6 +182,7 @@ def test_onnxruntime_declines_bfloat16_kernels_on_a_cpu():
     assert reason == "ONNX Runtime has no bfloat16 kernels on a CPU"
 
 
+@pytest.mark.e2e
 def test_a_bfloat16_plan_runs_verifies_saves_and_loads(onnx_plan, tmp_path):
     x = bf16(np.random.default_rng(2).standard_normal((4, 32)))
     (y,) = onnx_plan(x)
@@ -240,6 +241,7 @@ class Block(torch.nn.Module):
         return (x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))).softmax(-1)
 
 
+@pytest.mark.e2e
 def test_a_bfloat16_module_optimizes_to_a_plan_that_matches_eager(tmp_path):
     torch.manual_seed(0)
     module = Block().eval().to(torch.bfloat16)
@@ -266,7 +268,7 @@ def test_a_float32_output_computed_from_bfloat16_is_checked_at_bfloat16s_toleran
     reference by 2.3e-3, and float32's 1e-4 refused it."""
     from korch.ir.graph import GraphBuilder
     from korch.ir.prims import Prim, TensorType
-    from korch.profile.profiler import check_kernel
+    from korch.profile.jobs import check_kernel
 
     b = GraphBuilder()
     x = b.input("x", TensorType((4,), "bfloat16"))

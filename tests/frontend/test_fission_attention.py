@@ -31,6 +31,7 @@ def test_attention_with_a_float_mask_softcap_and_scale(mode):
     check_op("Attention", [q, k, v, mask], attrs, opset=23, n_outputs=4)
 
 
+@pytest.mark.e2e
 def test_an_attention_model_optimizes_into_fused_kernels_that_match_onnxruntime(tmp_path):
     """What torch.onnx's exporter writes for a causal scaled_dot_product_attention at opset 23."""
     q = rand(1, 4, 8, 16, seed=1)
@@ -111,7 +112,7 @@ def test_linear_attention_against_onnxruntime(rule, heads, kv_heads, past):
 
 def test_linear_attention_of_onnx_needs_whole_groups_of_query_heads():
     """More key/value heads than query heads is ONNX Runtime's own operator's (com.microsoft,
-    tests/test_fission_contrib.py); ONNX's refuses it, as ONNX Runtime does."""
+    tests/frontend/test_fission_contrib.py); ONNX's refuses it, as ONNX Runtime does."""
     inputs, attrs = linear_attention_case("linear", 2, 4, False)
     model, _ = one_node_model("LinearAttention", inputs, attrs, 27, 2)
     with pytest.raises(korch.KorchError, match="heads 2/4"):

@@ -355,6 +355,7 @@ def test_an_opaque_operator_may_take_one_tensor_twice():
     assert korch.check_fission(result) == 0.0
 
 
+@pytest.mark.e2e
 def test_a_quantized_model_optimizes_and_its_plan_may_be_onnxruntimes_integer_kernels(float_model, tmp_path):
     """The source model run whole (ONNX Runtime's fused integer kernels) is checked against the
     primitive graph with the whole model's tolerance: at its one opaque node's float32 tolerance
@@ -621,6 +622,7 @@ def test_matmul_nbits_rounding_its_input_to_8_bits_is_checked_as_quantized():
         assert graph_tolerance(korch.fission(model).graph) == tolerance
 
 
+@pytest.mark.e2e
 def test_matmul_nbits_keeps_its_weight_packed_and_runs_in_inductor(tmp_path):
     """The weight stays 4 bits a value in the graph, unpacked by the kernel that reads it (folded
     at import, as every constant expression is, it was a float32 constant 8 times its size); a

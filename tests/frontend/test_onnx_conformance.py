@@ -87,6 +87,7 @@ def test_every_onnx_node_case_korch_lowers_computes_the_expected_outputs():
     assert len(outcomes) >= 1140, len(outcomes)  # (1153 with onnx 1.23: most of the operator set)
 
 
+@pytest.mark.e2e
 def test_every_onnx_node_case_korch_imports_with_opaque_operators_computes_what_onnxruntime_does():
     """Without --strict an operator with no rule runs whole in ONNX Runtime, so the oracle is the
     expected outputs where ONNX Runtime computes them (it differs on a few: DFT's precision, cubic

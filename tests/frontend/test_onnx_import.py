@@ -97,6 +97,7 @@ def test_a_non_model_says_what_is_accepted():
         korch.fission(42)
 
 
+@pytest.mark.e2e
 def test_a_scalar_input_survives_a_saved_plan(tmp_path):
     """Pinning shapes cleared a rank-0 input's shape and added no dims: the saved model then
     declared an input of unknown rank, which ONNX's checker refuses when the plan loads."""
@@ -182,6 +183,7 @@ def test_an_if_whose_condition_folds_from_a_pinned_shape_is_its_branch(batch):
     assert not result.opaque and {n.prim for n in result.graph.nodes}.isdisjoint({korch.Prim.OPAQUE})
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flag", [True, False])
 def test_a_pinned_value_selects_the_branch_of_an_if_on_it(flag, tmp_path):
     """optimum's merged decoders: one If on a use_cache_branch input. The oracle is ONNX Runtime

@@ -77,6 +77,7 @@ class DecoderStep(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, n, d)), k, v
 
 
+@pytest.mark.e2e
 def test_a_decoder_step_over_a_key_value_cache_optimizes_for_prefill_and_decode(tmp_path):
     """The same exported file pinned to a prefill (an empty cache: zero-size inputs) and to a decode
     step (one token over four cached), each optimized into a plan that matches ONNX Runtime."""

@@ -495,6 +495,7 @@ OPS = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("fn,inputs", [pytest.param(f, i, id=name) for name, f, i in OPS])
 def test_aten_op_matches_eager(fn, inputs):
     result = lower_and_compare(Fn(fn), *inputs)
@@ -634,6 +635,7 @@ def torch_cache(tmp_path_factory):
     return tmp_path_factory.getbasetemp() / "torch_profiles.sqlite"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("make,shape", [(Block, (2, 5, 16)), (ConvBN, (1, 3, 8, 8))], ids=["block", "convbn"])
 def test_optimize_module_matches_eager(make, shape, torch_cache, tmp_path):
     module = make().eval()
@@ -643,7 +645,7 @@ def test_optimize_module_matches_eager(make, shape, torch_cache, tmp_path):
         want = module(x).numpy()
     assert check.rel_err(plan(x)[0].numpy(), want) <= 1e-4
     assert plan.model is None and plan.oracle == "the reference executor"
-    assert plan.meta["fission"]["source"] == "torch"
+    assert plan.meta.fission["source"] == "torch"
     assert plan.verify() <= 1e-4
     loaded = korch.load(plan.save(tmp_path / "plan"))
     assert loaded.oracle == "the reference executor" and loaded.verify() <= 1e-4
@@ -662,6 +664,7 @@ class TopKScatter(nn.Module):
         return y, torch.sort(x, dim=1, descending=True).values.cumprod(1)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backends", [("onnxruntime",), ("inductor",)])
 def test_optimize_sorts_and_scatters_with_an_index_input(backends, torch_cache):
     module = TopKScatter().eval()
@@ -689,6 +692,7 @@ class Recommender(nn.Module):
         return self.out(self.bag(idx, offsets)).relu(), self.table[rows, cols]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backends", [("onnxruntime",), ("inductor",)])
 def test_optimize_embedding_bags_and_runtime_indices(backends, torch_cache):
     module = Recommender().eval()
@@ -801,6 +805,7 @@ def test_grouped_mm_of_two_batches_is_a_batched_matmul():
     assert [n.prim for n in result.graph.nodes] == [Prim.MATMUL]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("backends", [("vendor", "eager"), ("inductor",)], ids=["vendor", "inductor"])
 def test_optimize_mixture_of_experts(torch_cache, backends, dtype, tol):

@@ -21,6 +21,7 @@ from korch.ir.prims import BFLOAT16
 from korch.ir.tensors import as_tensor, to_numpy
 from korch.measure import check
 
+pytestmark = pytest.mark.sweep
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
 
 # per operator and dtype, the first samples, which OpInfo makes small and varied (0-d, empty, kwargs)

@@ -12,8 +12,21 @@ import korch
 ROOT = Path(korch.__file__).parent
 # the stages in pipeline order; a module's stage is its first package below korch (or its own name)
 STAGES = [
-    "errors", "config", "ir", "frontend", "rewrite", "search", "measure", "backends", "profile",
-    "orchestrate", "plan", "pipeline", "torch_backend", "__init__", "cli",
+    "errors",
+    "config",
+    "ir",
+    "frontend",
+    "rewrite",
+    "search",
+    "measure",
+    "backends",
+    "profile",
+    "orchestrate",
+    "plan",
+    "pipeline",
+    "torch_backend",
+    "__init__",
+    "cli",
 ]
 
 
@@ -83,3 +96,17 @@ def test_no_import_cycle():
         if m not in state and (cycle := visit(m, [])):
             start = cycle.index(cycle[-1])
             pytest.fail("import cycle: " + " -> ".join(cycle[start:]))
+
+
+def test_modules_and_functions_stay_short():
+    """A newcomer reads a module in one sitting: no file over 600 lines, no function over 80."""
+    long_files = [
+        f"{m}: {n} lines" for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 600
+    ]
+    long_functions = [
+        f"{m}.{f.name}: {f.end_lineno - f.lineno + 1} lines"
+        for m, p in MODULES.items()
+        for f in ast.walk(ast.parse(p.read_text()))
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno + 1 > 80
+    ]
+    assert not long_files and not long_functions, long_files + long_functions

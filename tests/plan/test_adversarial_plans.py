@@ -200,14 +200,15 @@ def test_external_data_inside_the_folder_still_works(world, tmp_path, capsys, mo
 SAVER = textwrap.dedent("""
     import sys
     import numpy as np
+    from korch.plan.meta import PlanMeta
     from korch.plan.plan import Plan
     from korch.ir.prims import TensorType
     target = sys.argv[1]
-    pad = list(range(60000))  # a large plan.json: parsing it takes a while
+    pad = [str(i) for i in range(60000)]  # a large plan.json: parsing it takes a while
     plans = [
         Plan([("x", TensorType((4,), "float32"))], [("x", "y")], [],
              {"w": np.full(2**18, tag, "float32"), "v": np.full(4, tag, "float32")},
-             meta={"tag": tag, "pad": pad})
+             meta=PlanMeta(seconds=tag, rewrites=pad))
         for tag in (1, 2)
     ]
     plans[0].save(target)
@@ -240,7 +241,7 @@ def test_a_plan_replaced_while_loading_loads_whole_old_or_new(tmp_path):
             except Exception as e:  # noqa: BLE001 (the point: nothing but a KorchError)
                 odd.append(repr(e))
                 continue
-            tag = plan.meta["tag"]
+            tag = plan.meta.seconds
             whole = all(np.all(a == tag) for a in plan.weights.values())
             outcomes[tag if whole else "mixed"] += 1
     finally:

@@ -15,6 +15,7 @@ from korch.cli import commands as cli
 from korch.errors import KorchError
 from korch.ir.prims import TensorType
 from korch.pipeline import OptimizeOptions, optimize
+from korch.plan.meta import PlanMeta
 from korch.plan.plan import Plan
 
 FAST = dict(backends=("onnxruntime", "vendor"), min_time=0.002, progress=False)
@@ -40,7 +41,7 @@ def real_plan(model_path, cache):
 
 def small_plan(tag: float) -> Plan:
     x = TensorType((4,), "float32")
-    return Plan([("x", x)], [("x", "y")], [], {"w": np.full(3, tag, "float32")}, meta={"tag": tag})
+    return Plan([("x", x)], [("x", "y")], [], {"w": np.full(3, tag, "float32")}, meta=PlanMeta(seconds=tag))
 
 
 def snapshot(root) -> dict[str, str]:
@@ -101,7 +102,7 @@ def test_a_users_dot_old_directory_beside_the_plan_survives(tmp_path):
     small_plan(2).save(tmp_path / "plan")  # replacing the plan: the old one goes aside, then away
     assert (tmp_path / ".plan.old" / "thesis.tex").read_text() == "precious"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".plan.old", "plan"]
-    assert Plan.load(tmp_path / "plan").meta["tag"] == 2
+    assert Plan.load(tmp_path / "plan").meta.seconds == 2
 
 
 def test_leftovers_of_a_killed_save_are_cleaned_but_user_files_in_them_are_kept(tmp_path):
@@ -139,14 +140,14 @@ def test_an_empty_directory_and_the_current_one_are_targets(tmp_path, monkeypatc
     inode = (tmp_path / "here").stat().st_ino
     monkeypatch.chdir(tmp_path / "here")
     small_plan(1).save(".")
-    assert Plan.load(".").meta["tag"] == 1
+    assert Plan.load(".").meta.seconds == 1
     small_plan(2).save(".")  # over the plan a shell is in: the directory itself stays
-    assert Plan.load(tmp_path / "here").meta["tag"] == 2
+    assert Plan.load(tmp_path / "here").meta.seconds == 2
     assert (tmp_path / "here").stat().st_ino == inode and os.getcwd() == str(tmp_path / "here")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]
     (tmp_path / "empty").mkdir()
     small_plan(3).save(tmp_path / "empty")
-    assert Plan.load(tmp_path / "empty").meta["tag"] == 3
+    assert Plan.load(tmp_path / "empty").meta.seconds == 3
 
 
 def test_saving_through_a_symlink_replaces_the_plan_it_points_at(tmp_path):
@@ -154,10 +155,11 @@ def test_saving_through_a_symlink_replaces_the_plan_it_points_at(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "real")
     small_plan(2).save(tmp_path / "link")
     assert (tmp_path / "link").is_symlink()
-    assert Plan.load(tmp_path / "real").meta["tag"] == 2
+    assert Plan.load(tmp_path / "real").meta.seconds == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
 
 
+@pytest.mark.e2e
 def test_optimize_over_a_plan_holding_a_run_output_exits_2_and_keeps_it(
     real_plan, model_path, cache, tmp_path, capsys
 ):

@@ -60,7 +60,7 @@ def plan_for(onnx_model_, backend, split):
     graph = korch.fission(onnx_model_).graph
     groups = [[i] for i in range(len(graph.nodes))] if split else [range(len(graph.nodes))]
     chosen = [Choice(make_candidate(graph, g), backend, 1.0) for g in groups if len(g)]
-    return build_plan(graph, Solution(chosen), "cpu", {})
+    return build_plan(graph, Solution(chosen), "cpu")
 
 
 def onnxruntime_outputs(onnx_model_, x):
@@ -310,7 +310,7 @@ def test_a_plan_with_a_kernel_that_is_not_onnxruntime_converts_arrays():
     assert len(prims.nodes) == 2
     for backends in (("eager", "onnxruntime"), ("onnxruntime", "eager")):
         chosen = [Choice(make_candidate(prims, [i]), b, 1.0) for i, b in enumerate(backends)]
-        exe = build_plan(prims, Solution(chosen), "cpu", {}).executable()
+        exe = build_plan(prims, Solution(chosen), "cpu").executable()
         x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
         assert exe.array_feeds((x,), {}) is None
         want = onnxruntime_outputs(graph, x)[0]

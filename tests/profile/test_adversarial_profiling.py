@@ -624,6 +624,7 @@ def _graph_and_candidates():
     return graph, enumerate_candidates(graph, CandidateOptions(max_size=2))
 
 
+@pytest.mark.e2e
 def test_kernels_whose_workers_were_killed_are_profiled_again_by_the_next_run(tmp_path, monkeypatch):
     """A compile worker killed mid-compile and the timing worker killed mid-timing (once each):
     both kernels are failures of the machine, not kept; the next run profiles them, and them only."""
@@ -649,6 +650,7 @@ def test_kernels_whose_workers_were_killed_are_profiled_again_by_the_next_run(tm
     assert statuses == [("ok", first.profiled)]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the timing worker in Linux's /proc")
 def test_the_timing_worker_killed_before_its_first_job_still_gives_a_plan(
     model, tmp_path, capsys, monkeypatch

@@ -87,6 +87,7 @@ def test_a_real_process_refusing_a_foreign_database_prints_no_traceback(tmp_path
     assert _state(db) == before
 
 
+@pytest.mark.e2e
 def test_an_older_korch_database_without_rewrite_timings_is_upgraded(tmp_path, capsys):
     db = _sqlite(tmp_path / "old.sqlite", SCHEMA)
     opened = ProfileDB(db)

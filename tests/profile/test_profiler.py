@@ -16,10 +16,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 import korch
 from korch.backends import get_backends
+from korch.config import RETIMES
 from korch.measure import busy
+from korch.measure.timing import time_fn
 from korch.pipeline import add_seeds
 from korch.profile.database import ProfileDB
-from korch.profile.profiler import RETIMES, ProfileOptions, profile, time_fn
+from korch.profile.profiler import ProfileOptions, profile
 from korch.search.candidates import CandidateOptions, enumerate_candidates
 from korch.search.kernel import kernel_spec
 from korch.search.partition import PartitionOptions
@@ -80,7 +82,7 @@ def test_check_kernel_tolerates_a_few_flipped_indices_only_when_asked():
     """The source model is checked against the primitive graph computed another way: an argmax
     over near-ties may flip a few indices, which a 1% allowance accepts (and nothing more)."""
     from korch.ir.graph import GraphBuilder, TensorType
-    from korch.profile.profiler import check_kernel
+    from korch.profile.jobs import check_kernel
 
     b = GraphBuilder()
     graph = b.build([b.input("y", TensorType((1000,), "int64"))], ["out0"])
@@ -93,6 +95,7 @@ def test_check_kernel_tolerates_a_few_flipped_indices_only_when_asked():
     assert "differs in" in check_kernel([torch.as_tensor(many)], want, graph, discrete_mismatch=0.01)
 
 
+@pytest.mark.e2e
 def test_faulty_kernels_are_recorded_and_the_run_survives(tmp_path):
     graph = _small_graph()
     cands = enumerate_candidates(graph, CandidateOptions(max_size=1))
@@ -114,6 +117,7 @@ def test_faulty_kernels_are_recorded_and_the_run_survives(tmp_path):
     assert db.integrity_ok()
 
 
+@pytest.mark.e2e
 def test_second_run_hits_the_cache(tmp_path):
     graph = _small_graph()
     cands = enumerate_candidates(graph, CandidateOptions(max_size=3))
@@ -128,6 +132,7 @@ def test_second_run_hits_the_cache(tmp_path):
         }
 
 
+@pytest.mark.e2e
 def test_time_budget_skips_and_reports(tmp_path):
     graph = _small_graph()
     cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
@@ -155,6 +160,7 @@ def _layernorm_softmax_gelu():
     return onnx_model(helper.make_graph(nodes, "g", [x], [y], weights), opset=20)
 
 
+@pytest.mark.e2e
 def test_without_a_source_model_the_seeds_lead_and_cover(tmp_path):
     """On CUDA no backend runs the source model whole and a single primitive costs tens of
     milliseconds to time, so a short budget went to singles and no fusion was ever profiled (the
@@ -183,6 +189,7 @@ def test_without_a_source_model_the_seeds_lead_and_cover(tmp_path):
     )
 
 
+@pytest.mark.e2e
 def test_a_seed_that_is_also_an_enumerated_candidate_is_profiled_as_a_seed(tmp_path):
     """Seeds as small as the enumerated fusions share their keys: the seed must be what is
     profiled (first), not the enumerated twin (a fusion like any other, skipped past the
@@ -206,6 +213,7 @@ def test_a_seed_that_is_also_an_enumerated_candidate_is_profiled_as_a_seed(tmp_p
     (os.cpu_count() or 1) < 2 or torch.get_num_threads() != os.cpu_count(),
     reason="needs two cores to tell the shares apart, and the timing worker's threads on all of them",
 )
+@pytest.mark.e2e
 def test_the_whole_graph_compiles_with_all_the_cores_other_kernels_with_their_workers_share(
     tmp_path, monkeypatch
 ):
@@ -231,6 +239,7 @@ def test_the_whole_graph_compiles_with_all_the_cores_other_kernels_with_their_wo
     assert len(seen) > 10 and all(share in threads for threads in seen.values())
 
 
+@pytest.mark.e2e
 def test_progress_counts_to_what_was_left_at_the_deadline(tmp_path, capsys):
     graph = _small_graph()
     cands = enumerate_candidates(graph, CandidateOptions(max_size=4))
@@ -256,6 +265,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_sigkill_leaves_the_database_intact_and_resumable(tmp_path):
     import onnx
 
@@ -293,6 +303,7 @@ def test_sigkill_leaves_the_database_intact_and_resumable(tmp_path):
     assert all(p["onnxruntime"].status == "ok" for p in result.profiles.values())
 
 
+@pytest.mark.e2e
 def test_the_deadline_holds_from_the_first_job(tmp_path):
     """No chunk of compiles runs whole past the deadline: with one worker and compiles of a second
     each, the first chunk alone (16 jobs) took 16 s whatever the budget. Now at most the compile
@@ -318,6 +329,7 @@ def test_the_deadline_holds_from_the_first_job(tmp_path):
     )
 
 
+@pytest.mark.e2e
 def test_a_job_asked_for_twice_is_measured_once(tmp_path):
     """Identical blocks share a key, so one solution may use a (key, backend) pair twice: it is
     compiled and timed once (the second ask raised KeyError when its result came back)."""

@@ -18,6 +18,7 @@ from korch.search.candidates import CandidateOptions, enumerate_candidates
 OPTS = dict(min_time=0.002, progress=False, compile_timeout=20, executor="ray")
 
 
+@pytest.mark.e2e
 def test_without_ray_profiling_falls_back_to_the_local_pool(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
     graph = _small_graph()
@@ -49,6 +50,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.e2e
 def test_ray_profiles_match_the_local_pool_and_isolate_faults(ray_cluster, tmp_path):
     graph = _small_graph()
     cands = enumerate_candidates(graph, CandidateOptions(max_size=2))

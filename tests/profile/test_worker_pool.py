@@ -22,6 +22,7 @@ def run(jobs, timeout):
         pool.close()
 
 
+@pytest.mark.e2e
 def test_a_workers_start_does_not_count_against_its_jobs_time_limit():
     """Each job takes 1.5 of its 2.5 s; counted from the handover, the first would overrun."""
     results, seconds = run([{"n": 1, "nap": 1.5}, {"n": 2, "nap": 1.5}], timeout=2.5)
@@ -29,12 +30,14 @@ def test_a_workers_start_does_not_count_against_its_jobs_time_limit():
     assert seconds > slow_start.IMPORT_S + 3.0
 
 
+@pytest.mark.e2e
 def test_a_job_that_overruns_fails_and_the_next_runs_on_a_new_worker():
     results, _ = run([{"n": 1, "nap": 30.0}, {"n": 2}], timeout=2.5)
     assert results[0] == {"status": "failed", "reason": "timed out after 2s", "environmental": True}
     assert results[1] == {"status": "ok", "n": 2}
 
 
+@pytest.mark.e2e
 def test_past_stop_at_no_job_starts_and_the_rest_come_back_in_order():
     """(A --time-budget that ends inside a chunk of compiles.) The job running at the deadline
     finishes; the two never started are returned, not run."""
@@ -67,6 +70,7 @@ def test_a_worker_compiles_with_its_share_of_the_cores():
     assert results == [{"status": "ok", "compile": 1, "kernels": 1}] * 2
 
 
+@pytest.mark.e2e
 def test_workers_that_cannot_start_end_the_run_with_one_line():
     """(torch.set_num_threads(0) raises in every worker before it is ready.) The jobs of workers
     lost while starting are failed as "startup" (the profiler does not store them: they say

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).parents[1]
+TESTS = Path(__file__).parents[1]  # (slow_start)
+HERE = Path(__file__).parent  # (this module's mark_and_nap)
 
 # A parent that runs two 60 s jobs and, interrupted, closes its pool and says how long that took.
 PARENT = textwrap.dedent("""
@@ -61,11 +62,12 @@ def _group_gone(pgid: int) -> bool:
     return False
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["importing", "running"])
 def test_ctrl_c_stops_the_workers_at_once_and_quietly(mode, tmp_path):
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), str(HERE), os.environ.get("PYTHONPATH")])),
     }
     proc = subprocess.Popen(
         [sys.executable, "-c", PARENT, mode, str(tmp_path)],

@@ -15,11 +15,13 @@ from korch.cli import explain
 from korch.ir import reference
 from korch.ir.graph import GraphBuilder
 from korch.ir.prims import Prim, TensorType
+from korch.ir.work import node_flops
 from korch.measure import check
-from korch.measure.roofline import node_flops
 from korch.pipeline import OptimizeOptions, optimize
+from korch.profile import rewrite_timing
 from korch.profile.database import ProfileDB
-from korch.rewrite import Timer, common, fold_linear_maps, narrow, rewrite
+from korch.profile.rewrite_timing import RewriteTimer
+from korch.rewrite import fold_linear_maps, narrow, rewrite
 
 
 def always_faster(before, after):
@@ -194,6 +196,7 @@ def test_the_map_moves_through_layout_padding_gathers_and_affine_nodes():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.e2e
 def test_optimize_folds_and_the_plan_matches_onnxruntime(tmp_path):
     feats = (torch.randn(1, 8, 8, 8), torch.randn(1, 16, 4, 4), torch.randn(1, 24, 2, 2))
     path = tmp_path / "decoder.onnx"
@@ -203,13 +206,13 @@ def test_optimize_folds_and_the_plan_matches_onnxruntime(tmp_path):
         backends=("onnxruntime", "vendor"), min_time=0.002, progress=False, cache=tmp_path / "p.sqlite"
     )
     plan = optimize(path, options=OptimizeOptions(**fast))
-    assert sum("mix folded" in n for n in plan.meta["rewrites"]) == 1
+    assert sum("mix folded" in n for n in plan.meta.rewrites) == 1
     report = explain.report(plan)  # korch explain lists what was rewritten
-    assert report["rewrites"] == plan.meta["rewrites"] and "rewrite: Conv" in explain.text(report)
+    assert report["rewrites"] == plan.meta.rewrites and "rewrite: Conv" in explain.text(report)
     assert plan.verify() <= 1e-4
     assert not any(n.prim is Prim.CONV for n in plan.graph.nodes)
     unfolded = optimize(path, options=OptimizeOptions(rewrite=False, **fast))
-    assert unfolded.meta["rewrites"] == [] and any(n.prim is Prim.CONV for n in unfolded.graph.nodes)
+    assert unfolded.meta.rewrites == [] and any(n.prim is Prim.CONV for n in unfolded.graph.nodes)
 
 
 def same_values(graph, rewrite_one=fold_linear_maps):
@@ -366,7 +369,8 @@ def test_a_narrow_convolution_folded_into_channels_computes_the_same(kernel, pad
 
 def test_a_narrow_convolution_stays_unless_folding_was_measured_faster():
     graph = narrow_conv_graph(9, (4, 4, 4, 4), 12)
-    measured, notes = narrow.widen_narrow_convs(graph, Timer("cpu"))  # real timings: either way, same values
+    # real timings: either way, same values
+    measured, notes = narrow.widen_narrow_convs(graph, RewriteTimer("cpu"))
     assert (measured == graph) == (notes == [])
     inputs = check.random_inputs(graph, 0)
     want = reference.run(graph, inputs)["y"]
@@ -383,18 +387,19 @@ def test_a_measured_decision_is_kept_in_the_profile_database(tmp_path, monkeypat
         timed.append(len(before.nodes))
         return (10.0, 5.0) if len(timed) == 1 else (1.0, float("inf"))
 
-    monkeypatch.setattr(common, "measure", fake_measure)
+    monkeypatch.setattr(rewrite_timing, "time_rewrite", fake_measure)
     graph = narrow_conv_graph(9, (4, 4, 4, 4), 12)
     path = tmp_path / "profiles.sqlite"
     with closing(ProfileDB(path)) as db:
-        first = narrow.widen_narrow_convs(graph, Timer("cpu", db))
+        first = narrow.widen_narrow_convs(graph, RewriteTimer("cpu", db))
     assert len(first[1]) == 1 and len(timed) == 1
     with closing(ProfileDB(path)) as db:  # a later run, other weights of the same shape
-        again = narrow.widen_narrow_convs(narrow_conv_graph(9, (4, 4, 4, 4), 12, seed=9), Timer("cpu", db))
+        same_shape = narrow_conv_graph(9, (4, 4, 4, 4), 12, seed=9)
+        again = narrow.widen_narrow_convs(same_shape, RewriteTimer("cpu", db))
         assert len(timed) == 1 and again[1] == first[1]
         other = narrow_conv_graph(9, (4, 4, 4, 4), 16)
-        assert narrow.widen_narrow_convs(other, Timer("cpu", db)) == (other, [])  # timing failed
-        assert narrow.widen_narrow_convs(other, Timer("cpu", db)) == (other, [])
+        assert narrow.widen_narrow_convs(other, RewriteTimer("cpu", db)) == (other, [])  # timing failed
+        assert narrow.widen_narrow_convs(other, RewriteTimer("cpu", db)) == (other, [])
     assert len(timed) == 3
 
 
@@ -449,5 +454,5 @@ def test_even_kernels_are_split_into_phases_too(kwargs, shape, kernels):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a device that fails")
 def test_a_rewrite_that_cannot_be_timed_is_never_faster():
     graph = narrow_conv_graph(9, (4, 4, 4, 4), 12)
-    assert common.measure(graph, narrow._apply(graph, 0)[0], "cuda") == (1.0, float("inf"))
-    assert narrow.widen_narrow_convs(graph, Timer("cuda")) == (graph, [])
+    assert rewrite_timing.time_rewrite(graph, narrow._apply(graph, 0)[0], "cuda") == (1.0, float("inf"))
+    assert narrow.widen_narrow_convs(graph, RewriteTimer("cuda")) == (graph, [])

@@ -8,7 +8,8 @@ from test_rewrite import always_faster, conv_kernels, fission_of, never_faster
 from korch.ir import reference
 from korch.ir.prims import Prim
 from korch.measure import check
-from korch.rewrite import Timer, fold_space_to_depth, rewrite
+from korch.profile.rewrite_timing import RewriteTimer
+from korch.rewrite import fold_space_to_depth, rewrite
 
 
 class Focus(torch.nn.Module):
@@ -94,7 +95,7 @@ def test_the_fold_is_kept_only_where_it_was_measured_faster():
     assert notes == [
         "Conv:/conv/Conv: 2x2 space-to-depth folded into a strided convolution (10.00 -> 5.00 ms measured)"
     ]
-    measured, notes = rewrite(result.graph, Timer("cpu"))  # real timings: either way, same values
+    measured, notes = rewrite(result.graph, RewriteTimer("cpu"))  # real timings: either way, same values
     inputs = check.random_inputs(result.graph, 0)
     want = reference.run(result.graph, inputs)
     assert check.compare_outputs(reference.run(measured, inputs), want) <= 1e-5

@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from korch.config import MAX_UNROLL
 from korch.errors import KorchError, Unsupported
 from korch.frontend.lowering import Lowering
 
-MAX_UNROLL = 4096  # iterations of a Loop or Scan korch unrolls at most
 LowerNodes = Callable[[list, dict], None]  # (nodes, ONNX name -> value): lowers them, naming their outputs
 
 

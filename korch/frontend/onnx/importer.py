@@ -15,28 +15,13 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from korch.errors import KorchError, Unsupported, error_line
-from korch.frontend.lowering import DEFAULT_DOMAINS, Attributes, Lowering, OnnxNode, find_rule
+from korch.frontend.lowering import DEFAULT_DOMAINS, Attributes, FissionResult, Lowering, OnnxNode, find_rule
 from korch.frontend.onnx.control import CONTROL_FLOW
 from korch.frontend.onnx.external import read_external_data, refuse_external_data
 from korch.frontend.onnx.pins import MAX_TENSOR_BYTES, input_types, pin_shapes, pin_values
 from korch.frontend.onnx.tensor_types import onnx_dtype, to_onnx_dtype
-from korch.ir.graph import Graph, GraphBuilder, integer_division, verify
+from korch.ir.graph import GraphBuilder, integer_division, verify
 from korch.ir.prims import Prim, TensorType
-
-
-@dataclass
-class FissionResult:
-    graph: Graph
-    model: onnx.ModelProto | None  # the model with input shapes pinned (None from PyTorch)
-    onnx_nodes: int  # source operators: ONNX nodes, or ATen calls from PyTorch
-    opaque: list[tuple[str, str]] = field(default_factory=list)  # (op type, reason)
-    warnings: list[str] = field(default_factory=list)
-    source: str = "onnx"  # "onnx" or "torch"
-    onnx_names: dict[str, str] = field(default_factory=dict)  # primitive value -> ONNX tensor name
-
-    @property
-    def opaque_ops(self) -> list[str]:
-        return sorted({op for op, _ in self.opaque})
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto | bytes, name: str = "") -> onnx.ModelProto:
@@ -419,7 +404,7 @@ def _opaque(ctx: Lowering, node, inputs, expected, model) -> list[str]:
     )
     blob = one.SerializeToString()
     try:
-        from korch.ir.prims import _opaque_session
+        from korch.ir.numpy_ops import _opaque_session
 
         _opaque_session(blob)
     except Exception as e:

@@ -7,14 +7,16 @@ per-batch key lengths (nonpad_kv_seqlen, known at run time) among them."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from korch.config import CHUNKED_FROM
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
-from korch.frontend.onnx.rules_linear import matmul
-from korch.frontend.onnx.rules_reduce import softmax
 from korch.frontend.onnx.tensor_types import onnx_dtype
+from korch.frontend.ops.attention import allowed_bias, attend, band_bias, repeat_heads
+from korch.frontend.ops.linear import matmul
 from korch.ir.prims import FLOAT_DTYPES, Prim
 
 
@@ -30,21 +32,6 @@ def split_heads(ctx: Lowering, x: str, heads: int) -> str:
     if hidden % heads:
         raise KorchError(f"hidden size {hidden} is not a multiple of {heads} heads")
     return ctx.transpose(ctx.reshape(x, (b, s, heads, hidden // heads)), (0, 2, 1, 3))
-
-
-def repeat_heads(ctx: Lowering, x: str, times: int) -> str:
-    """Each head (axis -3) `times` times in a row ([h0, h0, h1, h1, ...]: grouped-query
-    attention)."""
-    if times == 1:
-        return x
-    *lead, h, s, d = ctx.shape(x)
-    wide = ctx.broadcast_to(ctx.reshape(x, (*lead, h, 1, s, d)), (*lead, h, times, s, d))
-    return ctx.reshape(wide, (*lead, h * times, s, d))
-
-
-def allowed_bias(ctx: Lowering, allowed: str, dtype: str) -> str:
-    """Where a query may attend a key (booleans) as an additive bias: 0 there, -inf elsewhere."""
-    return ctx.elementwise(Prim.WHERE, allowed, ctx.scalar(0, dtype), ctx.scalar(-math.inf, dtype))
 
 
 def _mask_bias(ctx: Lowering, mask: str, kv_len: int, dtype: str) -> str:
@@ -134,75 +121,6 @@ def attention(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [y, *present, stages[mode]][: n.n_outputs]
 
 
-def band_bias(
-    ctx: Lowering, q_len: int, kv_len: int, offset, low: int | None, high: int | None, dtype: str
-) -> str:
-    """An additive bias [q, kv] (or [batch, 1, q, kv]) letting query i attend key j where
-    low <= (i + offset) - j <= high (None: no bound); offset an int or a [batch, 1, 1, 1] value."""
-    diff = np.arange(q_len)[:, None] - np.arange(kv_len)[None, :]
-    if isinstance(offset, int):
-        d = diff + offset
-        allowed = np.ones(d.shape, bool)
-        if low is not None:
-            allowed &= d >= low
-        if high is not None:
-            allowed &= d <= high
-        return ctx.const(np.where(allowed, 0, -np.inf).astype(dtype))
-    d = ctx.elementwise(Prim.ADD, ctx.const(diff), offset)
-    tests = []
-    if low is not None:
-        tests.append(ctx.unary(Prim.NOT, ctx.elementwise(Prim.LT, d, ctx.scalar(low, "int64"))))
-    if high is not None:
-        tests.append(ctx.unary(Prim.NOT, ctx.elementwise(Prim.GT, d, ctx.scalar(high, "int64"))))
-    allowed = tests[0] if len(tests) == 1 else ctx.elementwise(Prim.AND, *tests)
-    return allowed_bias(ctx, allowed, dtype)
-
-
-def attend(
-    ctx: Lowering,
-    q: str,
-    k: str,
-    v: str,
-    bias: str | None,
-    masked: bool,
-    scale: float | None = None,
-    softcap: float = 0.0,
-    precision: str | None = None,
-    sink: str | None = None,
-) -> tuple[str, tuple[str, str, str, str]]:
-    """softmax(q k^T * scale + bias) v over [..., seq, size] tensors (k and v with q's heads;
-    scale 1/sqrt(size) by default), both sides scaled by sqrt(scale) in the inputs' type, as
-    ONNX's function and torch's math path do. With `masked` (a bias from a mask that may hide
-    every key from a query), such a query gets zeros, not 0/0. A `sink` [heads] is one more
-    score per head that takes its share of the softmax but has no value. Returns y and the
-    scores as scaled, capped and biased, and the probabilities."""
-    dtype, rank = ctx.dtype(q), ctx.rank(q)
-    root = ctx.scalar(math.sqrt(scale if scale is not None else 1 / math.sqrt(ctx.shape(q)[-1])), dtype)
-    swap = list(range(rank - 2)) + [rank - 1, rank - 2]
-    raw = matmul(
-        ctx, ctx.elementwise(Prim.MUL, q, root), ctx.elementwise(Prim.MUL, ctx.transpose(k, swap), root)
-    )
-    capped = raw
-    if softcap > 0:  # before the mask, so masked scores stay -inf
-        cap = ctx.scalar(softcap, dtype)
-        capped = ctx.elementwise(Prim.MUL, ctx.unary(Prim.TANH, ctx.elementwise(Prim.DIV, raw, cap)), cap)
-    scores = capped if bias is None else ctx.elementwise(Prim.ADD, capped, bias)
-    wide = ctx.cast(scores, precision or dtype)
-    if sink is not None:
-        *lead, keys = ctx.shape(wide)
-        column = ctx.reshape(ctx.cast(sink, ctx.dtype(wide)), (ctx.type(sink).numel, 1, 1))
-        wide = ctx.concat([wide, ctx.broadcast_to(column, (*lead, 1))], rank - 1)
-    probs = softmax(ctx, wide, rank - 1, log=False)
-    if sink is not None:
-        probs = ctx.slice_axis(probs, rank - 1, 0, keys)
-    if masked:
-        most = ctx.reduce(Prim.REDUCE_MAX, bias, [-1])
-        attended = ctx.elementwise(Prim.GT, most, ctx.scalar(-math.inf, dtype))
-        probs = ctx.elementwise(Prim.WHERE, attended, probs, ctx.scalar(0, ctx.dtype(probs)))
-    probs = ctx.cast(probs, dtype)
-    return matmul(ctx, probs, v), (raw, capped, scores, probs)
-
-
 @fission("RotaryEmbedding", 23)
 def rotary_embedding(ctx: Lowering, n: OnnxNode) -> list[str]:
     """The spec's function (see rotary); the caches are [positions, dim / 2], read at
@@ -271,6 +189,32 @@ def linear_attention(ctx: Lowering, n: OnnxNode, inverse: bool = False) -> list[
     present state in the inputs' dtypes."""
     query, key, value = n.inputs[:3]
     past, decay, beta = n.input(3), n.input(4), n.input(5)
+    r = _recurrence(ctx, n, inverse)
+    present_dtype = ctx.dtype(past) if past is not None else ctx.dtype(query)
+    chunked = ctx.shape(query)[1] >= CHUNKED_FROM and (not r.gating or ctx.shape(decay)[2] == r.kv_heads)
+    unrolled = _chunked_linear_attention if chunked else _stepped_linear_attention
+    y, state = unrolled(ctx, (query, key, value), r, past, decay, beta)
+    return [ctx.cast(y, ctx.dtype(query)), ctx.cast(state, present_dtype)]
+
+
+@dataclass(frozen=True)
+class _Recurrence:
+    """A LinearAttention node's update rule and heads, checked against its inputs."""
+
+    gating: bool  # (a decay input: the gated rules)
+    delta: bool  # (a beta input: the delta rules)
+    heads: int  # query heads
+    key_heads: int  # kv_num_heads; in the inverse grouping as many as the query's too
+    kv_heads: int  # value heads
+    dk: int
+    dv: int
+    scale: float
+
+
+def _recurrence(ctx: Lowering, n: OnnxNode, inverse: bool) -> _Recurrence:
+    """The node's rule and head counts; unsupported or inconsistent ones refused."""
+    query, key, value = n.inputs[:3]
+    decay, beta = n.input(4), n.input(5)
     rule = n.attr("update_rule", "gated_delta")
     heads, kv_heads = n.attr("q_num_heads"), n.attr("kv_num_heads")
     n.attr("chunk_size", 0)  # (a tuning hint: no effect on the result)
@@ -280,16 +224,8 @@ def linear_attention(ctx: Lowering, n: OnnxNode, inverse: bool = False) -> list[
     grouped = kv_heads % heads if inverse and kv_heads > heads else heads % kv_heads
     if delta != (beta is not None) or grouped:
         raise KorchError(f"LinearAttention {rule}: beta given {beta is not None}, heads {heads}/{kv_heads}")
-    b, t, _ = ctx.shape(query)
     dk, dv = ctx.shape(query)[2] // heads, ctx.shape(value)[2] // kv_heads
     scale = n.attr("scale", 0.0) or 1 / math.sqrt(dk)
-
-    def steps(v: str, count: int) -> list[str]:
-        """v [B, T, count * width] as T tensors [B, count, width] (float32)."""
-        width = ctx.shape(v)[2] // count
-        v = ctx.transpose(ctx.reshape(ctx.cast(v, "float32"), (b, t, count, width)), (0, 2, 1, 3))
-        return [ctx.reshape(ctx.slice_axis(v, 2, i, 1), (b, count, width)) for i in range(t)]
-
     key_heads = ctx.shape(key)[2] // dk  # kv_heads; in the inverse grouping heads too
     if key_heads not in (kv_heads, heads if kv_heads > heads else kv_heads):
         raise KorchError(f"LinearAttention key {list(ctx.shape(key))}: not {kv_heads} heads of {dk}")
@@ -299,59 +235,94 @@ def linear_attention(ctx: Lowering, n: OnnxNode, inverse: bool = False) -> list[
         )
     if delta and ctx.shape(beta)[2] not in (kv_heads, 1):
         raise KorchError(f"LinearAttention beta {list(ctx.shape(beta))}: a value per head or one")
-    present_dtype = ctx.dtype(past) if past is not None else ctx.dtype(query)
-    if t >= CHUNKED_FROM and (not gating or ctx.shape(decay)[2] == kv_heads):
-        heads_of = {"q": heads, "k": key_heads, "v": kv_heads}
-        y, state = _chunked_linear_attention(ctx, (query, key, value), heads_of, past, decay, beta, scale)
-        return [ctx.cast(y, ctx.dtype(query)), ctx.cast(state, present_dtype)]
-    qs, ks, vs = steps(query, heads), steps(key, key_heads), steps(value, kv_heads)
-    if kv_heads > heads:  # (ONNX Runtime's inverse grouping: query head h, and key head h when
+    return _Recurrence(gating, delta, heads, key_heads, kv_heads, dk, dv, scale)
+
+
+def _initial_state(ctx: Lowering, past: str | None, shape: tuple[int, ...]) -> str:
+    """The state the recurrence starts from, in float32: the past one, or zeros."""
+    return ctx.cast(past, "float32") if past is not None else ctx.const(np.zeros(shape, "float32"))
+
+
+def _mul(ctx: Lowering, x: str, y: str) -> str:
+    return ctx.elementwise(Prim.MUL, x, y)
+
+
+# ------------------------------------------------ linear attention a step at a time
+
+
+def _stepped_linear_attention(
+    ctx: Lowering, qkv: tuple[str, str, str], r: _Recurrence, past, decay, beta
+) -> tuple[str, str]:
+    """linear_attention's recurrence a step at a time (see _step and _read). The outputs
+    [B, T, H * d_v] and the last state [B, H_kv, d_k, d_v], in float32."""
+    query, key, value = qkv
+    b, t, _ = ctx.shape(query)
+    qs, ks, vs = (_steps(ctx, x, count, b, t) for x, count in zip(qkv, (r.heads, r.key_heads, r.kv_heads)))
+    heads = r.heads
+    if r.kv_heads > heads:  # (ONNX Runtime's inverse grouping: query head h, and key head h when
         # there are as many, serve the next kv_heads / heads value heads; an output per value head)
-
-        def widened(x: str) -> str:
-            wide = (b, heads, kv_heads // heads, dk)
-            return ctx.reshape(ctx.broadcast_to(ctx.reshape(x, (b, heads, 1, dk)), wide), (b, kv_heads, dk))
-
-        qs = [widened(q) for q in qs]
-        ks = ks if key_heads == kv_heads else [widened(k) for k in ks]
-        heads = kv_heads
-    decays = steps(decay, kv_heads) if gating else None
-    betas = steps(beta, ctx.shape(beta)[2]) if delta else None
-    shape = (b, kv_heads, dk, dv)
-    state = ctx.cast(past, "float32") if past is not None else ctx.const(np.zeros(shape, "float32"))
+        qs = [_widened(ctx, q, r.kv_heads) for q in qs]
+        ks = ks if r.key_heads == r.kv_heads else [_widened(ctx, k, r.kv_heads) for k in ks]
+        heads = r.kv_heads
+    decays = _steps(ctx, decay, r.kv_heads, b, t) if r.gating else [None] * t
+    betas = _steps(ctx, beta, ctx.shape(beta)[2], b, t) if r.delta else [None] * t
+    state = _initial_state(ctx, past, (b, r.kv_heads, r.dk, r.dv))
     outs = []
     for i in range(t):
-        k, v = ks[i], vs[i]
-        if gating:  # (a decay per head [B, H_kv, 1] or per key dimension [B, H_kv, d_k])
-            g = ctx.unary(Prim.EXP, decays[i])
-            state = ctx.elementwise(Prim.MUL, state, ctx.reshape(g, (*ctx.shape(g), 1)))
-        if delta:
-            recalled = ctx.reshape(
-                matmul(ctx, ctx.reshape(k, (b, kv_heads, 1, dk)), state), (b, kv_heads, dv)
-            )
-            v = ctx.elementwise(Prim.MUL, betas[i], ctx.elementwise(Prim.SUB, v, recalled))
-        outer = ctx.elementwise(
-            Prim.MUL, ctx.reshape(k, (b, kv_heads, dk, 1)), ctx.reshape(v, (b, kv_heads, 1, dv))
+        state = _step(ctx, state, ks[i], vs[i], decays[i], betas[i])
+        outs.append(_read(ctx, state, qs[i], heads, r.scale))
+    y = ctx.concat(outs, 2)  # [B, H, T, d_v]
+    return ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, t, heads * r.dv)), state
+
+
+def _steps(ctx: Lowering, v: str, count: int, b: int, t: int) -> list[str]:
+    """v [B, T, count * width] as T tensors [B, count, width] (float32)."""
+    width = ctx.shape(v)[2] // count
+    v = ctx.transpose(ctx.reshape(ctx.cast(v, "float32"), (b, t, count, width)), (0, 2, 1, 3))
+    return [ctx.reshape(ctx.slice_axis(v, 2, i, 1), (b, count, width)) for i in range(t)]
+
+
+def _widened(ctx: Lowering, x: str, kv_heads: int) -> str:
+    """A step's heads [B, H, d_k], each repeated for the kv_heads / H value heads it serves."""
+    b, heads, dk = ctx.shape(x)
+    wide = (b, heads, kv_heads // heads, dk)
+    return ctx.reshape(ctx.broadcast_to(ctx.reshape(x, (b, heads, 1, dk)), wide), (b, kv_heads, dk))
+
+
+def _step(ctx: Lowering, state: str, k: str, v: str, decay: str | None, beta: str | None) -> str:
+    """The state [B, H_kv, d_k, d_v] after one step: decayed by exp(decay) (a decay per head
+    [B, H_kv, 1] or per key dimension [B, H_kv, d_k]), plus k (x) v, the value first corrected by
+    what the state recalls for k, times beta (delta rules)."""
+    b, kv_heads, dk, dv = ctx.shape(state)
+    if decay is not None:
+        g = ctx.unary(Prim.EXP, decay)
+        state = _mul(ctx, state, ctx.reshape(g, (*ctx.shape(g), 1)))
+    if beta is not None:
+        recalled = ctx.reshape(matmul(ctx, ctx.reshape(k, (b, kv_heads, 1, dk)), state), (b, kv_heads, dv))
+        v = _mul(ctx, beta, ctx.elementwise(Prim.SUB, v, recalled))
+    outer = _mul(ctx, ctx.reshape(k, (b, kv_heads, dk, 1)), ctx.reshape(v, (b, kv_heads, 1, dv)))
+    return ctx.elementwise(Prim.ADD, state, outer)
+
+
+def _read(ctx: Lowering, state: str, q: str, heads: int, scale: float) -> str:
+    """scale * q S for a step's query [B, heads, d_k]: [B, heads, 1, d_v] (each key/value head's
+    state repeated for its group of query heads)."""
+    b, kv_heads, dk, dv = ctx.shape(state)
+    read = state
+    if heads != kv_heads:
+        grouped = ctx.broadcast_to(
+            ctx.reshape(state, (b, kv_heads, 1, dk, dv)), (b, kv_heads, heads // kv_heads, dk, dv)
         )
-        state = ctx.elementwise(Prim.ADD, state, outer)
-        read = state
-        if heads != kv_heads:  # (each key/value head repeated for its group of query heads)
-            grouped = ctx.broadcast_to(
-                ctx.reshape(state, (b, kv_heads, 1, dk, dv)), (b, kv_heads, heads // kv_heads, dk, dv)
-            )
-            read = ctx.reshape(grouped, (b, heads, dk, dv))
-        o = matmul(ctx, ctx.reshape(qs[i], (b, heads, 1, dk)), read)  # [B, H, 1, d_v]
-        outs.append(ctx.elementwise(Prim.MUL, o, ctx.scalar(scale, "float32")))
-    y = ctx.concat(outs, 2) if t > 1 else outs[0]  # [B, H, T, d_v]
-    y = ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, t, heads * dv))
-    return [ctx.cast(y, ctx.dtype(query)), ctx.cast(state, present_dtype)]
+        read = ctx.reshape(grouped, (b, heads, dk, dv))
+    o = matmul(ctx, ctx.reshape(q, (b, heads, 1, dk)), read)  # [B, H, 1, d_v]
+    return _mul(ctx, o, ctx.scalar(scale, "float32"))
 
 
-CHUNKED_FROM = 16  # (steps from which linear_attention runs in chunks, with per-head decays)
+# ------------------------------------------------------- linear attention in chunks
 
 
 def _chunked_linear_attention(
-    ctx: Lowering, qkv: tuple[str, str, str], heads_of: dict, past, decay, beta, scale: float
+    ctx: Lowering, qkv: tuple[str, str, str], r: _Recurrence, past, decay, beta
 ) -> tuple[str, str]:
     """linear_attention's recurrence over T steps in chunks of about sqrt(T) (the chunked form of
     DeltaNet and Gated DeltaNet, Yang et al. 2024: far fewer primitives than a step each, and
@@ -364,102 +335,116 @@ def _chunked_linear_attention(
     of the query's and the values' counts (each key/value head's state computed once per query head
     it serves, or each query head read by each value head it serves). Decays per head only. The
     outputs [B, T, H * d_v] and the last state [B, H_kv, d_k, d_v], in float32."""
-    query, key, value = qkv
-    b, t, _ = ctx.shape(query)
-    h, kv_heads = max(heads_of["q"], heads_of["v"]), heads_of["v"]
+    b, t, _ = ctx.shape(qkv[0])
+    cut = _Chunks(b, t, max(r.heads, r.kv_heads), max(4, math.ceil(math.sqrt(t))))
+    q, k, v = (cut.spread(ctx, x, count) for x, count in zip(qkv, (r.heads, r.key_heads, r.kv_heads)))
+    q, k, v = cut.split(ctx, q), cut.split(ctx, k), cut.split(ctx, v)
+    k_t = _last_two_swapped(ctx, k)  # [.., dk, chunk]
+    seen, grown, carried, last = _decays(ctx, cut, decay, r.kv_heads)
+    p, to_subtract = _delta_values(ctx, cut, beta, k, k_t, v, seen, grown) if beta is not None else (v, None)
+    reads = _mul(ctx, matmul(ctx, q, k_t), seen)  # [.., i, j]: q_i.k_j, j <= i
+    kv_shape = (b, r.kv_heads, r.dk, r.dv)
+    state = _initial_state(ctx, past, kv_shape)
+    per_head = (b, r.kv_heads, cut.h // r.kv_heads, r.dk, r.dv)
+    state = ctx.reshape(
+        ctx.broadcast_to(ctx.reshape(state, (b, r.kv_heads, 1, r.dk, r.dv)), per_head), (b, cut.h, r.dk, r.dv)
+    )
+    outs = []
+    for c in range(cut.count):
+        u = cut.at(ctx, p, c)
+        if to_subtract is not None:
+            u = ctx.elementwise(Prim.SUB, u, matmul(ctx, cut.at(ctx, to_subtract, c), state))
+        qc = cut.at(ctx, q, c) if grown is None else _mul(ctx, cut.at(ctx, grown, c), cut.at(ctx, q, c))
+        outs.append(ctx.elementwise(Prim.ADD, matmul(ctx, qc, state), matmul(ctx, cut.at(ctx, reads, c), u)))
+        kc = cut.at(ctx, k, c) if carried is None else _mul(ctx, cut.at(ctx, carried, c), cut.at(ctx, k, c))
+        if last is not None:
+            state = _mul(ctx, state, cut.at(ctx, last, c))
+        state = ctx.elementwise(Prim.ADD, state, matmul(ctx, _last_two_swapped(ctx, kc), u))
+    y = ctx.slice_axis(ctx.concat(outs, 2), 2, 0, t)  # [B, h, T, dv]
+    y = _mul(ctx, y, ctx.scalar(r.scale, "float32"))
+    y = ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, t, cut.h * r.dv))
+    return y, ctx.reshape(ctx.slice_axis(ctx.reshape(state, per_head), 2, 0, 1), kv_shape)
 
-    def full(x: str, count: int) -> str:
+
+@dataclass(frozen=True)
+class _Chunks:
+    """T steps of B sequences over h heads, cut into chunks of `size` steps (the last padded)."""
+
+    b: int
+    t: int
+    h: int
+    size: int
+
+    @property
+    def count(self) -> int:
+        return -(-self.t // self.size)
+
+    def spread(self, ctx: Lowering, x: str, count: int) -> str:
         """x [B, T, count * w] as [B, h, T, w] in float32, each of its heads repeated for its run."""
+        b, t, h = self.b, self.t, self.h
         w = ctx.shape(x)[2] // count
         x = ctx.transpose(ctx.reshape(ctx.cast(x, "float32"), (b, t, count, w)), (0, 2, 1, 3))
         wide = ctx.broadcast_to(ctx.reshape(x, (b, count, 1, t, w)), (b, count, h // count, t, w))
         return ctx.reshape(wide, (b, h, t, w))
 
-    q, k, v = full(query, heads_of["q"]), full(key, heads_of["k"]), full(value, kv_heads)
-    dk, dv = ctx.shape(q)[3], ctx.shape(v)[3]
-    chunk = max(4, math.ceil(math.sqrt(t)))
-    count = -(-t // chunk)
-
-    def chunks(x: str) -> str:
-        """[B, h, T, w] as [B, h, count, chunk, w], zeros after the last step (a zero key, value,
+    def split(self, ctx: Lowering, x: str) -> str:
+        """[B, h, T, w] as [B, h, count, size, w], zeros after the last step (a zero key, value,
         beta and log-decay leave the state as it is)."""
         rank = ctx.rank(x)
-        if count * chunk > t:
+        if self.count * self.size > self.t:
             pads = [0] * (2 * rank)
-            pads[rank + 2] = count * chunk - t
+            pads[rank + 2] = self.count * self.size - self.t
             x = ctx.emit(Prim.PAD, x, pads=tuple(pads), mode="constant", value=0.0)
-        return ctx.reshape(x, (b, h, count, chunk, ctx.shape(x)[3]))
+        return ctx.reshape(x, (self.b, self.h, self.count, self.size, ctx.shape(x)[3]))
 
-    def mul(x: str, y: str) -> str:
-        return ctx.elementwise(Prim.MUL, x, y)
+    def at(self, ctx: Lowering, x: str, c: int) -> str:
+        """Chunk c of x [B, h, count, ...]: [B, h, ...]."""
+        return ctx.reshape(ctx.slice_axis(x, 2, c, 1), (self.b, self.h, *ctx.shape(x)[3:]))
 
-    def last_two_swapped(x: str) -> str:
-        order = list(range(ctx.rank(x)))
-        return ctx.transpose(x, (*order[:-2], order[-1], order[-2]))
 
-    q, k, v = chunks(q), chunks(k), chunks(v)
-    k_t = last_two_swapped(k)  # [.., dk, chunk]
-    upto = np.tril(np.ones((chunk, chunk), bool))  # j <= i
-    if decay is not None:  # g [B, h, count, chunk, 1]: cumulative within each chunk
-        g = matmul(
-            ctx,
-            last_two_swapped(chunks(full(decay, kv_heads))),
-            ctx.const(np.triu(np.ones((chunk, chunk), "float32"))),
-        )
-        g = last_two_swapped(g)
-        apart = ctx.elementwise(Prim.SUB, g, last_two_swapped(g))  # [.., i, j]: g_i - g_j
-        seen = ctx.unary(
-            Prim.EXP, ctx.elementwise(Prim.WHERE, ctx.const(upto), apart, ctx.scalar(-np.inf, "float32"))
-        )
-        grown = ctx.unary(Prim.EXP, g)  # exp(g_i)
-        last = ctx.slice_axis(g, 3, chunk - 1, 1)
-        carried = ctx.unary(Prim.EXP, ctx.elementwise(Prim.SUB, last, g))  # exp(g_last - g_j)
-        last = ctx.unary(Prim.EXP, last)
-    else:
-        seen, grown, carried, last = ctx.const(upto.astype("float32")), None, None, None
-    if beta is not None:
-        rate = chunks(full(beta, ctx.shape(beta)[2]))  # (one for every head, or per head)
-        lower = mul(ctx.const(np.tril(np.ones((chunk, chunk), "float32"), -1)), seen)
-        a = mul(rate, mul(matmul(ctx, k, k_t), lower))  # A_ij, j < i
-        scaled_k = mul(rate, k if grown is None else mul(grown, k))
-        rhs = ctx.concat([mul(rate, v), scaled_k], 4)  # [.., chunk, dv + dk]
-        rows = []
-        for i in range(chunk):  # forward substitution: x_i = rhs_i - sum_{j<i} A_ij x_j
-            row = ctx.slice_axis(rhs, 3, i, 1)
-            if i:
-                done = ctx.concat(rows, 3) if i > 1 else rows[0]
-                row = ctx.elementwise(
-                    Prim.SUB, row, matmul(ctx, ctx.slice_axis(ctx.slice_axis(a, 3, i, 1), 4, 0, i), done)
-                )
-            rows.append(row)
-        solved = ctx.concat(rows, 3)
-        p, r = ctx.slice_axis(solved, 4, 0, dv), ctx.slice_axis(solved, 4, dv, dk)
-    else:
-        p, r = v, None
-    reads = mul(matmul(ctx, q, k_t), seen)  # [.., i, j]: q_i.k_j, j <= i
-    kv_shape = (b, kv_heads, dk, dv)
-    state = ctx.cast(past, "float32") if past is not None else ctx.const(np.zeros(kv_shape, "float32"))
-    state = ctx.reshape(
-        ctx.broadcast_to(ctx.reshape(state, (b, kv_heads, 1, dk, dv)), (b, kv_heads, h // kv_heads, dk, dv)),
-        (b, h, dk, dv),
+def _last_two_swapped(ctx: Lowering, x: str) -> str:
+    order = list(range(ctx.rank(x)))
+    return ctx.transpose(x, (*order[:-2], order[-1], order[-2]))
+
+
+def _decays(ctx: Lowering, cut: _Chunks, decay: str | None, kv_heads: int) -> tuple[str, ...]:
+    """(seen, grown, carried, last) over each chunk [B, h, count, size, ..]: seen_ij = exp(g_i -
+    g_j) for j <= i, else 0; exp(g_i); exp(g_last - g_j); exp(g_last), with g the cumulative
+    log-decay within the chunk. Without decays seen is 1 for j <= i and the others None."""
+    upto = np.tril(np.ones((cut.size, cut.size), bool))  # j <= i
+    if decay is None:
+        return ctx.const(upto.astype("float32")), None, None, None
+    steps = _last_two_swapped(ctx, cut.split(ctx, cut.spread(ctx, decay, kv_heads)))
+    g = matmul(ctx, steps, ctx.const(np.triu(np.ones((cut.size, cut.size), "float32"))))
+    g = _last_two_swapped(ctx, g)  # [B, h, count, size, 1]: cumulative within each chunk
+    apart = ctx.elementwise(Prim.SUB, g, _last_two_swapped(ctx, g))  # [.., i, j]: g_i - g_j
+    seen = ctx.unary(
+        Prim.EXP, ctx.elementwise(Prim.WHERE, ctx.const(upto), apart, ctx.scalar(-np.inf, "float32"))
     )
+    grown = ctx.unary(Prim.EXP, g)  # exp(g_i)
+    last = ctx.slice_axis(g, 3, cut.size - 1, 1)
+    carried = ctx.unary(Prim.EXP, ctx.elementwise(Prim.SUB, last, g))  # exp(g_last - g_j)
+    return seen, grown, carried, ctx.unary(Prim.EXP, last)
 
-    def at(x: str, c: int) -> str:  # chunk c of x
-        return ctx.reshape(ctx.slice_axis(x, 2, c, 1), (b, h, *ctx.shape(x)[3:]))
 
-    outs = []
-    for c in range(count):
-        u = at(p, c) if r is None else ctx.elementwise(Prim.SUB, at(p, c), matmul(ctx, at(r, c), state))
-        qc = at(q, c) if grown is None else mul(at(grown, c), at(q, c))
-        outs.append(ctx.elementwise(Prim.ADD, matmul(ctx, qc, state), matmul(ctx, at(reads, c), u)))
-        kc = at(k, c) if carried is None else mul(at(carried, c), at(k, c))
-        if last is not None:
-            state = mul(state, at(last, c))
-        state = ctx.elementwise(Prim.ADD, state, matmul(ctx, last_two_swapped(kc), u))
-    y = ctx.slice_axis(ctx.concat(outs, 2) if count > 1 else outs[0], 2, 0, t)  # [B, h, T, dv]
-    y = mul(y, ctx.scalar(scale, "float32"))
-    y = ctx.reshape(ctx.transpose(y, (0, 2, 1, 3)), (b, t, h * dv))
-    state = ctx.reshape(
-        ctx.slice_axis(ctx.reshape(state, (b, kv_heads, h // kv_heads, dk, dv)), 2, 0, 1), kv_shape
-    )
-    return y, state
+def _delta_values(
+    ctx: Lowering, cut: _Chunks, beta: str, k: str, k_t: str, v: str, seen: str, grown: str | None
+) -> tuple[str, str]:
+    """(P, R), the delta rule's corrected values u = P - R S0 in each chunk: x_i = rhs_i -
+    sum_{j<i} A_ij x_j solved by forward substitution, rhs = [beta v | beta exp(g) k]."""
+    dk, dv = ctx.shape(k)[4], ctx.shape(v)[4]
+    rate = cut.split(ctx, cut.spread(ctx, beta, ctx.shape(beta)[2]))  # (one for every head, or per head)
+    lower = _mul(ctx, ctx.const(np.tril(np.ones((cut.size, cut.size), "float32"), -1)), seen)
+    a = _mul(ctx, rate, _mul(ctx, matmul(ctx, k, k_t), lower))  # A_ij, j < i
+    scaled_k = _mul(ctx, rate, k if grown is None else _mul(ctx, grown, k))
+    rhs = ctx.concat([_mul(ctx, rate, v), scaled_k], 4)  # [.., size, dv + dk]
+    rows = []
+    for i in range(cut.size):
+        row = ctx.slice_axis(rhs, 3, i, 1)
+        if i:
+            done = ctx.concat(rows, 3)
+            earlier = matmul(ctx, ctx.slice_axis(ctx.slice_axis(a, 3, i, 1), 4, 0, i), done)
+            row = ctx.elementwise(Prim.SUB, row, earlier)
+        rows.append(row)
+    solved = ctx.concat(rows, 3)
+    return ctx.slice_axis(solved, 4, 0, dv), ctx.slice_axis(solved, 4, dv, dk)

@@ -10,6 +10,16 @@ from onnx import numpy_helper
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
 from korch.frontend.onnx.tensor_types import onnx_dtype
+from korch.frontend.ops.layout import (
+    affine_index,
+    gather_elements_core,
+    index_dtype,
+    row_strides,
+    slice_bounds,
+    take,
+    tile_core,
+    wrap_negative,
+)
 from korch.ir.prims import Prim
 
 # ------------------------------------------------------- constants and shapes
@@ -147,16 +157,6 @@ def tile(ctx: Lowering, n: OnnxNode) -> list[str]:
     return [tile_core(ctx, x, reps)]
 
 
-def tile_core(ctx: Lowering, x: str, reps) -> str:
-    shape = ctx.shape(x)
-    if all(r == 1 for r in reps):
-        return x
-    interleaved = [v for d in shape for v in (1, d)]
-    wide = [v for r, d in zip(reps, shape) for v in (r, d)]
-    y = ctx.broadcast_to(ctx.reshape(x, interleaved), wide)
-    return ctx.reshape(y, [r * d for r, d in zip(reps, shape)])
-
-
 def _depth_space(ctx: Lowering, x: str, split: list[int], perm: list[int], out: list[int]) -> str:
     return ctx.reshape(ctx.transpose(ctx.reshape(x, split), perm), out)
 
@@ -191,19 +191,6 @@ def space_to_depth(ctx: Lowering, n: OnnxNode) -> list[str]:
 
 
 # ------------------------------------------------------------ slicing, joining
-
-
-def slice_bounds(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
-    """ONNX Slice clamping rules for one axis; returns (first index, element count)."""
-    if step == 0:
-        raise KorchError("Slice step must not be 0")
-    start = start + dim if start < 0 else start
-    end = end + dim if end < 0 else end
-    if step > 0:
-        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
-    else:
-        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
-    return start, max(0, math.ceil((end - start) / step))
 
 
 @fission("Slice", 1)
@@ -339,77 +326,12 @@ def trilu(ctx: Lowering, n: OnnxNode) -> list[str]:
 # ------------------------------------------------------------ indexed gathers
 
 
-def row_strides(shape) -> list[int]:
-    """Row-major element strides of a shape."""
-    return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
-
-
-def index_dtype(dtype: str, bound: int) -> str:
-    """The dtype flat indices below `bound` need: the given one while it holds them, else int64."""
-    return dtype if dtype in ("int32", "int64") and bound <= np.iinfo(dtype).max else "int64"
-
-
-def wrap_negative(ctx: Lowering, idx: str, dims) -> str:
-    """Negative indices count from the end: idx + dims where idx < 0 (dims broadcasts against idx)."""
-    dtype = ctx.dtype(idx)
-    value = ctx.const_value(idx)
-    if value is not None:
-        return ctx.const(np.where(value < 0, value + np.asarray(dims), value).astype(dtype))
-    negative = ctx.elementwise(Prim.LT, idx, ctx.scalar(0, dtype))
-    shifted = ctx.elementwise(Prim.ADD, idx, ctx.const(np.asarray(dims, dtype=dtype)))
-    return ctx.elementwise(Prim.WHERE, negative, shifted, idx)
-
-
-def affine_index(ctx: Lowering, idx: str, scale, offset: np.ndarray) -> str:
-    """idx * scale + offset (scale and offset broadcast against idx), folded when idx is a constant."""
-    dtype = ctx.dtype(idx)
-    value = ctx.const_value(idx)
-    if value is not None:
-        return ctx.const(np.broadcast_to(value * np.asarray(scale) + offset, value.shape).astype(dtype))
-    scale = np.asarray(scale)
-    if np.any(scale != 1):
-        idx = ctx.elementwise(Prim.MUL, idx, ctx.const(scale.astype(dtype)))
-    if np.any(offset != 0):
-        idx = ctx.elementwise(Prim.ADD, idx, ctx.const(np.asarray(offset, dtype=dtype)))
-    return idx
-
-
-def take(ctx: Lowering, x: str, axis: int, picks: np.ndarray) -> str:
-    """x's entries `picks` (known non-negative indices) along axis: a slice when they are evenly
-    spaced and increasing, a gather otherwise."""
-    picks = np.asarray(picks, dtype="int64").reshape(-1)
-    steps = np.diff(picks)
-    if picks.size == 0:
-        return ctx.slice_axis(x, axis, 0, 0)
-    if picks.size == 1 or (steps[0] > 0 and np.all(steps == steps[0])):
-        return ctx.slice_axis(x, axis, int(picks[0]), picks.size, int(steps[0]) if steps.size else 1)
-    return ctx.emit(Prim.GATHER, x, ctx.const(picks), axis=axis)
-
-
 @fission("GatherElements", 11, 13)
 def gather_elements(ctx: Lowering, n: OnnxNode) -> list[str]:
     """A gather from the flattened data: flat = wrap(index) * stride(axis) + the offset of the other
     coordinates (a constant, size 1 along axis)."""
     data, idx = n.inputs[:2]
     return [gather_elements_core(ctx, data, idx, n.attr("axis", 0))]
-
-
-def gather_elements_core(ctx: Lowering, data: str, idx: str, axis: int) -> str:
-    """GatherElements (torch.gather): out[..., i, ...] = data[..., idx[..., i, ...], ...] along axis."""
-    shape, ishape = ctx.shape(data), ctx.shape(idx)
-    rank = len(shape)
-    (axis,) = normalize_axes([axis], rank)
-    if len(ishape) != rank or any(i > d for k, (i, d) in enumerate(zip(ishape, shape)) if k != axis):
-        raise KorchError(f"GatherElements indices {list(ishape)} do not fit data {list(shape)} (axis {axis})")
-    if rank == 1:
-        return ctx.emit(Prim.GATHER, data, idx, axis=0)
-    numel = ctx.type(data).numel
-    idx = ctx.cast(idx, index_dtype(ctx.dtype(idx), numel))
-    strides = row_strides(shape)
-    coords = np.indices(tuple(1 if k == axis else d for k, d in enumerate(ishape)), dtype="int64")
-    offset = sum(c * s for k, (c, s) in enumerate(zip(coords, strides)) if k != axis)
-    flat = affine_index(ctx, wrap_negative(ctx, idx, shape[axis]), strides[axis], offset)
-    return ctx.emit(Prim.GATHER, ctx.reshape(data, (numel,)), flat, axis=0)
 
 
 @fission("GatherND", 11, 12, 13)

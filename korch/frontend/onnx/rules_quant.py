@@ -16,11 +16,12 @@ import math
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission, normalize_axes
-from korch.frontend.onnx.rules_elementwise import clip_core, leaky_relu_core
-from korch.frontend.onnx.rules_linear import add_bias, matmul, spatial_attrs, weight_kernel
+from korch.frontend.onnx.rules_linear import spatial_attrs, weight_kernel
 from korch.frontend.onnx.rules_pool import average_pool
 from korch.frontend.onnx.rules_reduce import softmax_as_of
 from korch.frontend.onnx.tensor_types import onnx_dtype
+from korch.frontend.ops.elementwise import clip_core, leaky_relu_core
+from korch.frontend.ops.linear import add_bias, matmul
 from korch.ir.prims import Prim
 
 RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
@@ -244,7 +245,7 @@ def qlinear_conv(ctx: Lowering, n: OnnxNode) -> list[str]:
 # ------------------------------------------------ ONNX Runtime's quantized operators (com.microsoft)
 # what its quantizer writes in the QOperator format, and its session optimizer makes of QDQ groups.
 # Each is the float operator between a dequantization and a quantization, per tensor, unless
-# ONNX Runtime computes otherwise (QLinearAdd); tests/test_fission_quant.py checks each against
+# ONNX Runtime computes otherwise (QLinearAdd); tests/frontend/test_fission_quant.py checks each against
 # ONNX Runtime to the integer.
 
 MS = "com.microsoft"

@@ -7,16 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from korch.frontend.lowering import Lowering, OnnxNode, fission
-from korch.frontend.onnx.rules_elementwise import (
+from korch.frontend.onnx.rules_elementwise import softsign_core, thresholded_relu_core
+from korch.frontend.ops.elementwise import (
     clip_core,
     elu_core,
     hard_sigmoid_core,
     leaky_relu_core,
     softplus_core,
-    softsign_core,
-    thresholded_relu_core,
 )
-from korch.frontend.onnx.rules_linear import matmul
+from korch.frontend.ops.linear import matmul
 from korch.ir.prims import Prim
 
 # each activation's (alpha, beta), as many as it takes, defaulting as the operator of its name

@@ -7,8 +7,8 @@ import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
-from korch.frontend.onnx.rules_linear import matmul
 from korch.frontend.onnx.tensor_types import onnx_dtype
+from korch.frontend.ops.linear import matmul
 from korch.ir.prims import Prim, is_float
 
 

@@ -86,6 +86,15 @@ def vector(ctx: Lowering, v: str) -> str:
     return ctx.reshape(v, [1]) if ctx.rank(v) == 0 else v
 
 
+def int_list(value, nd: int, default: int) -> list[int]:
+    """torch's int[N] arguments: a list, one int for every axis, or empty for the default."""
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return [default] * nd
+    if isinstance(value, int):
+        return [value] * nd
+    return list(value) * nd if len(value) == 1 else list(value)
+
+
 class TorchLowering(Lowering):
     """Lowering for ATen graphs, which spell every linear layer as view -> addmm -> view: chains
     of reshapes and of transposes collapse onto their source, and convolutions are remembered so

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 
 from korch.errors import KorchError, Unsupported, error_line
-from korch.frontend.lowering import Lowering
-from korch.frontend.onnx.importer import FissionResult
+from korch.frontend.lowering import FissionResult, Lowering
 from korch.frontend.torch import (  # noqa: F401  (registrations)
     rules_functions,
     rules_index,
     rules_math,
+    rules_pool,
     rules_shape,
 )
 from korch.frontend.torch.aten import ATEN_RULES, AtenNode, TorchLowering, meta_type, torch_dtype_name

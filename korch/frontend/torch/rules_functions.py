@@ -1,8 +1,8 @@
 """ATen rules for the rest of the math library: hyperbolic functions and their inverses, tan,
 logarithms and powers of 2 and 10, erfc, hypot, copysign and the sign bit, fmax/fmin, isinf,
 trunc, ldexp, lgamma, digamma, atan2, erfinv and the normal quantile. The hyperbolic ones reuse
-the ONNX rules' cores (rules_elementwise), which keep the library functions' accuracy near 0 and
-for huge arguments."""
+the cores the ONNX rules use too (korch.frontend.ops.elementwise), which keep the library
+functions' accuracy near 0 and for huge arguments."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering
-from korch.frontend.onnx.rules_elementwise import (
+from korch.frontend.ops.elementwise import (
     acosh_core,
     asinh_core,
     atanh_core,

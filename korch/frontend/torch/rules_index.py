@@ -10,10 +10,17 @@ import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, normalize_axes
-from korch.frontend.onnx.rules_elementwise import isnan_core, log1p_core
-from korch.frontend.onnx.rules_layout import gather_elements_core, row_strides, take, wrap_negative
-from korch.frontend.onnx.rules_reduce import scan_core
-from korch.frontend.onnx.rules_scatter import scatter_elements_core, scatter_rows, sort_core
+from korch.frontend.ops.elementwise import isnan_core, log1p_core
+from korch.frontend.ops.layout import (
+    gather_elements_core,
+    row_strides,
+    scatter_elements_core,
+    scatter_rows,
+    sort_core,
+    take,
+    wrap_negative,
+)
+from korch.frontend.ops.reduce import scan_core
 from korch.frontend.torch.aten import AtenNode, aten, operand, vector
 from korch.ir.prims import Prim, is_float
 

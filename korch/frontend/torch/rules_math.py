@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from korch.frontend.lowering import Lowering, normalize_axes
-from korch.frontend.onnx.rules_elementwise import (
+from korch.frontend.ops.elementwise import (
     acos_core,
     asin_core,
     clip_core,
@@ -21,8 +21,8 @@ from korch.frontend.onnx.rules_elementwise import (
     mod_core,
     softplus_core,
 )
-from korch.frontend.onnx.rules_linear import add_bias
-from korch.frontend.onnx.rules_reduce import batch_norm_core, channel_param, cumsum_core, normalize, softmax
+from korch.frontend.ops.linear import add_bias
+from korch.frontend.ops.reduce import batch_norm_core, channel_param, cumsum_core, normalize, softmax
 from korch.frontend.torch.aten import AtenNode, aten, operand, vector
 from korch.ir.prims import Prim, is_float
 

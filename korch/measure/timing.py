@@ -1,0 +1,178 @@
+"""The one timing harness: warm-up calls, the device's queue drained around each timed call,
+samples repeated until a minimum time, the device's own time of a call from CUDA events (the
+host's launch overhead hidden); and the kernel timer built on them (time_fn), which the profiler,
+the rewrites and the benchmarks use. Other timers (korch.plan.runtime's, korch.measure.roofline's)
+take their samples here and keep their own policy: what they time, how often, what they return."""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from korch.config import RETIME_PAUSE_S, RETIMES, WAKE_CALLS
+from korch.measure import busy
+from korch.measure.device import hold_device, synchronize, timing_events
+
+# ------------------------------------------------------------------ the core
+
+
+def warm_up(fn: Callable[[], object], device: str, calls: int = WAKE_CALLS) -> None:
+    """`calls` untimed calls (thread pools, clocks, lazy initialisation), then the queue drained."""
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+
+
+def rest(seconds: float, fn: Callable[[], object], device: str) -> None:
+    """A pause between timings, then WAKE_CALLS calls to wake what it let idle."""
+    time.sleep(seconds)
+    warm_up(fn, device)
+
+
+def elapsed_ms(fn: Callable[[], object], device: str) -> float:
+    """Milliseconds of one call on the host's clock, the device's queue drained before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def queued_ms(fn: Callable[[], object], device: str) -> tuple[float, float]:
+    """(milliseconds the host took to queue one call, milliseconds until the device had run it):
+    on CPU the two are one."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    queued = time.perf_counter() - start
+    synchronize(device)
+    return queued * 1e3, (time.perf_counter() - start) * 1e3
+
+
+def batch_ms(fn: Callable[[], object], calls: int) -> float:
+    """Milliseconds per call of `calls` calls back to back (calls too short for the clock alone)."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def repeat(
+    sample: Callable[[], float], min_time: float, at_least: int, at_most: float = math.inf
+) -> list[float]:
+    """sample() again and again: at least `at_least` times, and until `min_time` seconds have
+    passed unless `at_most` samples were taken first."""
+    deadline = time.perf_counter() + min_time
+    samples: list[float] = []
+    while len(samples) < at_least or (time.perf_counter() < deadline and len(samples) < at_most):
+        samples.append(sample())
+    return samples
+
+
+def hold_for(queued: float) -> float:
+    """How long to hold the device's stream (device_intervals) for work the host queues in `queued`
+    milliseconds: twice that, plus 0.2 ms, so the device starts the first kernel after the host
+    has queued the last."""
+    return 2 * queued + 0.2
+
+
+def device_intervals(device: str, hold_ms: float, run: Callable[[Callable[[], None]], object]) -> list[float]:
+    """Milliseconds on the CUDA device between the marks `run` makes (it is handed the function to
+    call at each), the host's launch overhead hidden behind a stream held for `hold_ms`."""
+    events: list[torch.cuda.Event] = []
+
+    def mark() -> None:
+        events.append(timing_events(1)[0])
+        events[-1].record()
+
+    with torch.cuda.device(device):  # the events and the hold go to the current device's stream
+        hold_device(device, hold_ms)
+        run(mark)
+        events[-1].synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+
+def device_ms(fn: Callable[[], object], device: str, hold_ms: float) -> float:
+    """One call's milliseconds on the CUDA device, the host's launch overhead hidden behind a held
+    stream (device_intervals): what the call costs inside a plan replayed as a CUDA graph."""
+
+    def run(mark) -> None:
+        mark()
+        fn()
+        mark()
+
+    return device_intervals(device, hold_ms, run)[0]
+
+
+# ------------------------------------------------------------------ the kernel timer
+
+
+class Timing(NamedTuple):
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    samples: int
+    tries: int = 1
+    disturbed: bool = False  # other processes took part of the CPU in every try (korch.measure.busy)
+
+
+def time_fn(fn, inputs, device: str = "cpu", min_time: float = 0.05, spread_s: float = 0.0) -> Timing:
+    """Median, min and max milliseconds per call and the number of samples: warm-up first, then
+    samples until `min_time` has passed (at least 5); calls shorter than 50 us are batched. On
+    CUDA each sample is the device's time for one call, the host's launch overhead hidden (as in
+    a plan replayed from a CUDA graph), each call starting with a cold L2 cache. With
+    `spread_s`, the samples come in 5 slices spread over that many seconds (each after a warm-up
+    call) and the median is the fastest slice's: a burst of interference shorter than the spread
+    cannot cover every slice. On CPU, a timing during which other processes took a share of the
+    machine (korch.measure.busy) is taken again after a pause, up to RETIMES times, and the fastest kept;
+    `disturbed` says that no try was quiet."""
+    if device.startswith("cuda"):  # device time: the host's neighbours do not stretch it
+        return _time_once(fn, inputs, device, min_time, spread_s)
+    timing, tries, disturbed = busy.quietest(
+        lambda: _time_once(fn, inputs, device, min_time, spread_s),
+        RETIMES,
+        key=lambda t: t.median_ms,
+        pause_s=RETIME_PAUSE_S,
+    )
+    return timing._replace(tries=tries, disturbed=disturbed)
+
+
+def _time_once(fn, inputs, device: str, min_time: float, spread_s: float) -> Timing:
+    call = functools.partial(fn, *inputs)
+    warm_up(call, device, calls=2)
+    host_ms, single_ms = queued_ms(call, device)  # the host's part (on CPU, all of it), and the call's
+    cuda = device.startswith("cuda")
+    batch = 1 if cuda else max(1, int(50e-6 / max(single_ms / 1e3, 1e-7)))
+
+    def sample() -> float:
+        _flush_cache(device)
+        synchronize(device)
+        return device_ms(call, device, hold_for(host_ms)) if cuda else batch_ms(call, batch)
+
+    slices = 5 if spread_s > 0 else 1
+    samples: list[float] = []
+    medians: list[float] = []
+    for i in range(slices):
+        if i:
+            rest(spread_s / (slices - 1), call, device)  # thread pools and clocks wake up after the pause
+        taken = repeat(sample, min_time / slices, at_least=5 // slices, at_most=2000 - len(samples))
+        medians.append(statistics.median(taken))
+        samples += taken
+    return Timing(min(medians), min(samples), max(samples), len(samples))
+
+
+_L2_FLUSH: dict[str, torch.Tensor] = {}
+
+
+def _flush_cache(device: str) -> None:
+    """Overwrite a buffer larger than the GPU's L2 so every timed call starts cold."""
+    if device.startswith("cuda"):
+        if device not in _L2_FLUSH:
+            _L2_FLUSH[device] = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device=device)
+        _L2_FLUSH[device].zero_()
