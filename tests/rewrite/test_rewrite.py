@@ -87,6 +87,19 @@ def test_segformer_decoder_convolution_folds_into_the_linear_layers():
     assert linear_flops(graph) < 0.3 * linear_flops(result.graph)
 
 
+def test_the_readme_example_keeps_its_fold():
+    """The README's example (examples/segformer_head.onnx) is there because a rewrite decides its
+    plan: its fuse convolution folds into the four linear layers, the values unchanged."""
+    from pathlib import Path
+
+    example = Path(__file__).parents[2] / "examples" / "segformer_head.onnx"
+    result = korch.fission(str(example))
+    graph, notes = folded(result)
+    (fold,) = [n for n in notes if "mix folded" in n]
+    assert "512->128" in fold
+    assert linear_flops(graph) < 0.2 * linear_flops(result.graph)
+
+
 class UpsampleConcat(torch.nn.Module):
     """A YOLO neck's route: an upsampled branch concatenated with a lateral one, then a 1x1 conv."""
 
