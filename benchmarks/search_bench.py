@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def main() -> None:
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip(),
-        "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "time_budget": args.time_budget,
         "runs": {},
     }

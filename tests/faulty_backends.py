@@ -53,7 +53,16 @@ class RaiseBackend(_Faulty):
         raise RuntimeError("no kernel for you")
 
 
-class CompileThreadsBackend(_Faulty):
+class TorchKernels(_Faulty):
+    """Correct kernels (torch ops), for subclasses that misbehave around them."""
+
+    def compile(self, spec, device):
+        from korch.backends.torch_ops import graph_function
+
+        return CompiledKernel(graph_function(spec.graph, device))
+
+
+class CompileThreadsBackend(TorchKernels):
     """Correct kernels (torch ops) that note Inductor's compile threads during each compile, a line
     "key threads" in the file $KORCH_TEST_THREADS_LOG: what the profiling worker gave the job."""
 
@@ -62,20 +71,16 @@ class CompileThreadsBackend(_Faulty):
     def compile(self, spec, device):
         from torch._inductor import config
 
-        from korch.backends.torch_ops import graph_function
-
         with open(os.environ["KORCH_TEST_THREADS_LOG"], "a") as log:
             log.write(f"{spec.key} {config.compile_threads}\n")
-        return CompiledKernel(graph_function(spec.graph, device))
+        return super().compile(spec, device)
 
 
-class SlowBackend(_Faulty):
+class SlowBackend(TorchKernels):
     """Correct kernels (torch ops) that take a second each to compile."""
 
     name = "slow"
 
     def compile(self, spec, device):
-        from korch.backends.torch_ops import graph_function
-
         time.sleep(1.0)
-        return CompiledKernel(graph_function(spec.graph, device))
+        return super().compile(spec, device)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from onnx import helper, numpy_helper
@@ -16,6 +18,17 @@ import korch
 from korch.frontend.onnx.tensor_types import to_onnx_dtype
 from korch.ir import reference
 from korch.measure import check
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+
+
+def load_script(path: str):
+    """A script of the repository that is no package module (e.g. "docs/make_operators.py"), loaded
+    afresh by its path under ROOT."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass

@@ -48,7 +48,7 @@ def zoo_module(plan: Plan):
     from korch.cli import zoo
 
     props = {p.key: p.value for p in plan.model.metadata_props} if plan.model is not None else {}
-    name = props.get("korch.cli.zoo")
+    name = props.get("korch.zoo")
     if name not in zoo.MODELS or props.get("korch.zoo_version") != str(zoo.ZOO_VERSION):
         return None
     return zoo.make_module(name)

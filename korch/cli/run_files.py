@@ -193,10 +193,10 @@ def output_target(output: str, plan_dir, inputs=None) -> Path:
 def refuse_inside_plan(path: Path, flag: str, plan_dir=None) -> None:
     """No command writes into a plan directory (`plan_dir`, or any korch plan): a file put there
     could replace one of the plan's own, and a plan is only ever replaced whole."""
-    from korch.plan.plan import _is_korch_plan
+    from korch.plan.plan import is_korch_plan
 
     folder = Path(os.path.realpath(path)).parent
-    if _is_korch_plan(folder) or (plan_dir is not None and _same_dir(folder, plan_dir)):
+    if is_korch_plan(folder) or (plan_dir is not None and _same_dir(folder, plan_dir)):
         raise KorchError(f"{flag} {path}: inside the plan directory {folder}; korch writes nothing there")
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.special
 
 from korch.ir import numpy_ops, shapes
-from korch.ir.shapes import NUMERIC, SCATTER_REDUCTIONS  # noqa: F401  (imported from here too)
+from korch.ir.shapes import NUMERIC
 from korch.ir.tensor_type import (  # noqa: F401  (the primitives' operand types, imported from here too)
     BFLOAT16,
     DTYPES,

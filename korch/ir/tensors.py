@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from korch.ir.prims import BFLOAT16
+from korch.ir.tensor_type import BFLOAT16
 
 DTYPES = {
     "float32": torch.float32,

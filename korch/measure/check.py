@@ -41,8 +41,8 @@ SMALL_INDICES = (0, 2)
 
 def random_feeds(types, bounds: Mapping, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs for (name, TensorType) pairs: normal floats, random bools, integers in
-    [low, high) for bounds[name] = (low, high) (a single number b, as plans saved before ranges
-    hold: [0, b); (low, high, "sorted"): non-decreasing along the last axis), else in NONZERO_INTS."""
+    [low, high) for bounds[name] = (low, high) ((low, high, "sorted"): non-decreasing along the last
+    axis), else in NONZERO_INTS."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, t in types:

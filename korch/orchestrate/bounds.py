@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from korch.config import LAUNCH_SAFETY, SAFETY, SIZE_WINDOW
-from korch.ir.work import Work, kernel_work  # noqa: F401  (kernel_work: imported from here too)
+from korch.ir.work import Work
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Rates:
             fastest = max(fastest, rate)
             self._fastest_above.append(fastest)
         self._fastest_above.reverse()
-        self._fastest = max([ceilings.get("bandwidth_gbs", 0.0) * 1e6, *(r for _, r in by_size)])
+        self._fastest = fastest  # the fastest of all, the ceiling included
 
     def bytes_per_ms(self, size: int) -> float:
         """The fastest byte rate among kernels of at least size / SIZE_WINDOW bytes, raised by SAFETY."""

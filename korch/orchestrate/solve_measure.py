@@ -2,9 +2,9 @@
 
 Every (candidate, backend) pair has a price before anything is compiled: its measured latency
 when the profile database has one, else a lower bound from its own work
-(korch.orchestrate.bounds). The program
-is solved with those prices; the kernels of the solution that are not measured yet are compiled and
-timed; and it is solved again, until the solution uses only measured kernels or the time is up.
+(korch.orchestrate.bounds). The program is solved with those prices; the kernels of the solution
+that are not measured yet are compiled and timed; and it is solved again, until the solution uses
+only measured kernels or the time is up.
 Each objective is a lower bound on the optimum over the whole candidate space (every price is at
 most the truth), so when the last solution is all measured the plan is optimal although most
 candidates were never compiled; otherwise (plan - bound) / plan is the certified gap."""
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from korch.errors import KorchError
 from korch.ir.graph import Graph, GraphBuilder
 from korch.ir.prims import Prim, TensorType
-from korch.orchestrate.bounds import Observation, Rates, Work, kernel_work
+from korch.ir.work import Work, kernel_work
+from korch.orchestrate.bounds import Observation, Rates
 from korch.orchestrate.solver import Choice, Solution, solve
 from korch.profile.profiler import Profiler
 from korch.search.candidates import WHOLE_GRAPH, CandidateSet
@@ -93,12 +94,17 @@ class Prices:
         self.rates = self._rates()
 
     def __call__(self, key: str) -> tuple[float, str | None]:
+        return self._price(key, {})
+
+    def _price(self, key: str, scale: dict[str, float]) -> tuple[float, str | None]:
+        """(ms, backend) of the key's cheapest pair: measured, or pending at its bound times its
+        backend's `scale` (1 where not given)."""
         best = self.profiler.result.cost(key)
         for backend in self.profiler.backend_names:
             if (key, backend) in self.profiler.pending:
-                bound = self.rates.bound_ms(self.work(key), backend)
-                if bound < best[0]:
-                    best = (bound, backend)
+                ms = self.rates.bound_ms(self.work(key), backend) * scale.get(backend, 1.0)
+                if ms < best[0]:
+                    best = (ms, backend)
         return best
 
     def measured(self, key: str, backend: str) -> bool:
@@ -114,17 +120,7 @@ class Prices:
                     bound = self.rates.bound_ms(self.work(key), backend)
                     ratios.setdefault(backend, []).append(prof.cost_ms / bound if bound > 0 else 1.0)
         scale = {b: max(1.0, statistics.median(r)) for b, r in ratios.items()}
-
-        def estimate(key: str) -> tuple[float, str | None]:
-            best = self.profiler.result.cost(key)
-            for backend in self.profiler.backend_names:
-                if (key, backend) in self.profiler.pending:
-                    ms = self.rates.bound_ms(self.work(key), backend) * scale.get(backend, 1.0)
-                    if ms < best[0]:
-                        best = (ms, backend)
-            return best
-
-        return estimate
+        return lambda key: self._price(key, scale)
 
 
 PROBE_PREFIX = "probe-"  # the key prefix of each backend's least kernel (least_calls)
@@ -155,9 +151,8 @@ def least_calls(profiler: Profiler, backends) -> list[Observation]:
         hit = profiler.db.lookup(spec.key, backend.name, backend.version(), profiler.device)
         if hit is None:
             hit = profiler.measure_alone(spec, backend)
-        if (
-            hit.cost_ms < math.inf
-        ):  # (one that failed gives its backend no floor: bytes and FLOPs still bound it)
+        # (one that failed gives its backend no floor: bytes and FLOPs still bound it)
+        if hit.cost_ms < math.inf:
             found.append(Observation(backend.name, kernel_work(spec.graph), hit.cost_ms))
     return found
 

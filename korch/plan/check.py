@@ -8,8 +8,8 @@ import json
 import logging
 from pathlib import Path
 
-from korch.config import VERSION
 from korch.errors import KorchError
+from korch.plan.meta import built_with
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = "korch.manifest/1"
@@ -39,15 +39,11 @@ def write_manifest(directory: Path, known: dict[str, str] | None = None) -> None
 
 
 def current_versions(backends: set[str]) -> dict[str, str]:
-    import onnxruntime
-    import torch
-
+    """What a plan of kernels on `backends` (names) would record now (PlanMeta.versions)."""
     from korch.backends import all_backends
 
     known = all_backends()
-    out = {"korch": VERSION, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
-    out.update({f"backend:{b}": known[b].version() for b in sorted(backends) if b in known})
-    return out
+    return built_with([known[b] for b in sorted(backends) if b in known])
 
 
 def _model(device_name: str) -> str:

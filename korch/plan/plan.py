@@ -221,7 +221,7 @@ def check_save_target(directory: str | os.PathLike) -> str:
     names = sorted(p.name for p in path.iterdir())
     if not names:
         return "empty"
-    if not _is_korch_plan(path):
+    if not is_korch_plan(path):
         raise KorchError(
             f"{path} exists and is not a korch plan directory (it holds {_listing(names)}); "
             "not overwriting it"
@@ -235,7 +235,7 @@ def check_save_target(directory: str | os.PathLike) -> str:
     return "plan"
 
 
-def _is_korch_plan(path: Path) -> bool:
+def is_korch_plan(path: Path) -> bool:
     try:
         doc = json.loads((path / "plan.json").read_text())
     except (OSError, ValueError):

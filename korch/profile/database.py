@@ -97,7 +97,7 @@ def _columns(table: str) -> tuple[str, ...]:
     try:
         conn.execute(SCHEMA)
         conn.execute(REWRITE_SCHEMA)
-        return tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+        return _table_columns(conn, table)
     finally:
         conn.close()
 
@@ -190,15 +190,15 @@ class ProfileDB:
             self.conn.close()
             raise
 
-    def _check_schema(self) -> set[str]:
-        """korch's tables in the file (none: a new database). A file that holds anything else
-        is refused: writing ours beside another program's (or switching its file to WAL) would
-        change a database that is not ours."""
+    def _check_schema(self) -> dict[str, tuple[str, ...]]:
+        """korch's tables in the file, each with its columns (none: a new database). A file that
+        holds anything else is refused: writing ours beside another program's (or switching its
+        file to WAL) would change a database that is not ours."""
         rows = self.conn.execute("SELECT type, name FROM sqlite_master").fetchall()
         names = sorted(name for _, name in rows if not name.startswith("sqlite_"))
         tables = sorted(name for kind, name in rows if kind == "table" and name in names)
         if not names:
-            return set()
+            return {}
         if "profiles" not in tables:
             held = f"table{'s' * (len(tables) > 1)} {', '.join(tables)}" if tables else ", ".join(names)
             raise KorchError(f"{self.path} is not a korch profile database (it holds {held})")
@@ -208,16 +208,17 @@ class ProfileDB:
                 f"{self.path} holds korch's profiles and also {', '.join(foreign)}, which korch did "
                 "not create: refused, to leave another program's data alone"
             )
+        columns: dict[str, tuple[str, ...]] = {}
         for table in tables:
-            have = _table_columns(self.conn, table)
+            have = columns[table] = _table_columns(self.conn, table)
             if have != _columns(table) and not (table == "profiles" and have == _legacy_profiles()):
                 raise KorchError(
                     f"{self.path} is not a korch profile database "
                     f"(its {table} table has other columns: {', '.join(have)})"
                 )
-        return set(tables)
+        return columns
 
-    def _check_contents(self, tables: set[str]) -> None:
+    def _check_contents(self, tables: dict[str, tuple[str, ...]]) -> None:
         """SQLite's check of every page (a damaged one would otherwise fail a lookup in the middle
         of profiling), and numbers where korch keeps numbers."""
         problem = self.conn.execute("PRAGMA quick_check(1)").fetchone()[0]
@@ -226,8 +227,7 @@ class ProfileDB:
             raise KorchError(
                 f"{self.path}: the profile database is damaged ({where}); it is a cache and can be deleted"
             )
-        for table in sorted(tables):
-            have = _table_columns(self.conn, table)
+        for table, have in tables.items():
             columns = [c for c in _NUMBERS[table] if c in have]
             bad = " OR ".join(f"typeof({c}) NOT IN ('integer', 'real', 'null') OR {c} < 0" for c in columns)
             row = self.conn.execute(
@@ -258,7 +258,7 @@ class ProfileDB:
                     raise
                 time.sleep(0.02)
 
-    def _prepare(self, tables: set[str]) -> None:
+    def _prepare(self, tables: dict[str, tuple[str, ...]]) -> None:
         """In one write transaction: prove that the file can be written (a read-only file opens,
         and failed only at the first result stored, after the compiles), create korch's tables
         and bring an older korch's up to date. Waiting for the transaction is waiting for a lock."""
@@ -268,7 +268,7 @@ class ProfileDB:
             self.conn.execute("CREATE TABLE korch_write_probe (x)")
             self.conn.execute("ROLLBACK TO probe")
             self.conn.execute("RELEASE probe")
-            if "profiles" in tables and "env_failures" not in _table_columns(self.conn, "profiles"):
+            if "profiles" in tables and "env_failures" not in tables["profiles"]:
                 self._count_environmental_failures()
             self.conn.execute(SCHEMA)
             self.conn.execute(REWRITE_SCHEMA)  # an older korch database gains it here

@@ -110,9 +110,12 @@ def _compile_pool(options: ProfileOptions, workers: int, threads: int):
 
 
 class _Progress:
-    def __init__(self, total: int, label: str, enabled: bool, deadline: float | None = None):
-        self.total, self.label, self.enabled, self.deadline = total, label, enabled, deadline
-        self.done, self.failed, self.start, self.last = 0, 0, time.time(), 0.0
+    """The profiling line on stderr, over every round of a Profiler (add)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.total, self.done, self.failed, self.start, self.last = 0, 0, 0, time.time(), 0.0
+        self.deadline: float | None = None
 
     def add(self, count: int, deadline: float | None) -> None:
         """Another round of `count` jobs, ending at `deadline`."""
@@ -142,7 +145,7 @@ class _Progress:
                 eta = min(eta, max(self.deadline - now, 0.0))
             # too few done to extrapolate from (the first include the workers' start)
             guess = f"{eta:5.0f}s" if self.done >= min(10, self.total) else "    ?"
-            line = f"{self.label}: {self.done}/{self.total} ({self.failed} failed), ETA {guess}"
+            line = f"profiling: {self.done}/{self.total} ({self.failed} failed), ETA {guess}"
             end = "\n" if self.done == self.total or not tty else ""
             sys.stderr.write(("\r" if tty else "") + line + " " + end)
             sys.stderr.flush()
@@ -212,9 +215,8 @@ Job = tuple[KernelSpec, Backend]
 class Profiler:
     """One profiling session over a candidate set: every (key, backend) pair a backend supports is
     looked up in the database (`result`) or left `pending`; `measure` compiles, checks and times
-    pending pairs, as many rounds as the caller wants (korch.orchestrate.solve_measure asks for the kernels
-    its
-    solutions use), with one pool of compile workers and one timing worker kept between rounds.
+    pending pairs, as many rounds as the caller wants (korch.orchestrate.solve_measure asks for the
+    kernels its solutions use), with one pool of compile workers and one timing worker kept between rounds.
     A context manager: leaving it stops the workers and removes the scratch files."""
 
     def __init__(
@@ -386,7 +388,7 @@ class Profiler:
         compile_pool = _compile_pool(self.options, self._workers, threads=max(1, cores // self._workers))
         timer = WorkerPool(1, torch.get_num_threads(), run_job)
         self._scratch = _Scratch(directory, values, sources, blob_data, blob_paths, compile_pool, timer)
-        self._progress = _Progress(0, "profiling", self.options.progress)
+        self._progress = _Progress(self.options.progress)
         timer.start()  # its imports overlap the first chunk's compiles
 
     def _job(self, spec: KernelSpec, backend: Backend, phase: str, inputs: list | None = None) -> dict:
@@ -416,15 +418,21 @@ class Profiler:
         return job
 
     def measure_alone(self, spec: KernelSpec, backend: Backend) -> Profile:
-        """Compile, check and time a kernel that is none of the graph's (korch.orchestrate.solve_measure's
-        least
-        kernel of each backend) on seeded inputs, in the timing worker (a backend that crashes
-        costs a worker, not the run), and keep the result in the database like any other."""
+        """Compile, check and time a kernel that is none of the graph's (each backend's least
+        kernel, korch.orchestrate.solve_measure.least_calls) on seeded inputs, in the timing worker
+        (a backend that crashes costs a worker, not the run), and keep the result in the database
+        like any other."""
         self._start()
         arrays = check.random_inputs(spec.graph)
         job = self._job(spec, backend, "time", [arrays[v] for v in spec.graph.inputs])
         outcome: dict = {}
         self._scratch.timer.run([job], self.options.time_timeout, lambda _, o: outcome.update(o))
+        return self._keep(spec, backend, job, outcome)
+
+    def _keep(self, spec: KernelSpec, backend: Backend, job: dict, outcome: dict) -> Profile:
+        """A job's outcome as a Profile, stored in the database. A source model is in the job (and
+        the database) by its sha256, not a copy of its bytes; a worker lost while starting says
+        nothing about the kernel: not stored."""
         prof = _profile(spec.key, backend.name, outcome)
         if not outcome.get("startup"):
             self.db.store(prof, backend.version(), self.device, spec.signature, job["spec"])
@@ -434,11 +442,7 @@ class Profiler:
         spec, backend = self.pending.pop((job["key"], job["backend"]))
         result, failed = self.result, outcome["status"] != "ok"
         self._progress.step(failed)
-        prof = _profile(spec.key, backend.name, outcome)
-        # a source model is in the job (and the database) by its sha256, not a copy of its bytes;
-        # a worker lost while starting says nothing about the kernel: not stored
-        if not outcome.get("startup"):
-            self.db.store(prof, backend.version(), self.device, spec.signature, job["spec"])
+        prof = self._keep(spec, backend, job, outcome)
         result.profiles[spec.key][backend.name] = prof
         result.profiled += 1
         result.retimed += outcome.get("tries", 1) > 1

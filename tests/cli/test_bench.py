@@ -28,15 +28,21 @@ class Attention(torch.nn.Module):
         return x + torch.softmax(q @ k.transpose(1, 2) / 4, dim=-1) @ v
 
 
-@pytest.fixture(scope="module")
-def module_and_plan(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("bench")
+def attention_onnx(tmp):
+    """An Attention block (seeded) and its export, tmp/attn.onnx."""
     torch.manual_seed(0)
     module = Attention().eval()
     path = tmp / "attn.onnx"
     torch.onnx.export(
         module, (torch.randn(2, 8, 16),), str(path), dynamo=False, opset_version=17, input_names=["x"]
     )
+    return module, path
+
+
+@pytest.fixture(scope="module")
+def module_and_plan(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    module, path = attention_onnx(tmp)
     plan = optimize(path, options=OptimizeOptions(cache=tmp / "p.sqlite", **FAST))
     plan.save(tmp / "plan")
     return module, plan, tmp

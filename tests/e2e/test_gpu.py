@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from test_backends import CASES, _whole_graph_spec, grouped_matmul_spec
-from test_bench import FAST, Attention
+from test_bench import FAST, attention_onnx
 
 from korch.backends import get_backends
 from korch.cli.bench import bench
@@ -82,12 +82,7 @@ def test_grouped_matmul_on_cuda_replays_in_a_cuda_graph(backend, dtype, k, n):
 def attention_plan(tmp_path_factory):
     """The Attention block optimized for CUDA once (every backend), and its module."""
     tmp = tmp_path_factory.mktemp("cuda")
-    torch.manual_seed(0)
-    module = Attention().eval()
-    path = tmp / "attn.onnx"
-    torch.onnx.export(
-        module, (torch.randn(2, 8, 16),), str(path), dynamo=False, opset_version=17, input_names=["x"]
-    )
+    module, path = attention_onnx(tmp)
     options = OptimizeOptions(device="cuda", cache=tmp / "p.sqlite", **{**FAST, "backends": None})
     return optimize(path, options=options), module
 

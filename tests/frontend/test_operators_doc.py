@@ -1,17 +1,11 @@
 """docs/operators.md is generated from the fission registries (docs/make_operators.py): it, and the
 README's counts of operators, must say what the registries hold."""
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import load_script
 
 
 def _make_operators():
-    spec = importlib.util.spec_from_file_location("make_operators", ROOT / "docs" / "make_operators.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/make_operators.py")
 
 
 def test_operators_doc_is_current():

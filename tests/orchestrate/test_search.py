@@ -12,7 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from test_solver import _brute_force, _instance
 
 from korch.cli import commands as cli
-from korch.orchestrate.bounds import Observation, Rates, Work, kernel_work, violations
+from korch.ir.work import Work, kernel_work
+from korch.orchestrate.bounds import Observation, Rates, violations
 from korch.orchestrate.solve_measure import PROBE_PREFIX, database_observations, search
 from korch.search.candidates import CandidateSet
 

@@ -24,12 +24,12 @@ from pathlib import Path
 import onnx
 import pytest
 from badinput import Case, good_model, problem, run_main
-from faulty_backends import RaiseBackend
+from faulty_backends import RaiseBackend, TorchKernels
 from helpers import relu_model
 
 import korch
 import korch.pipeline as pipeline
-from korch.backends import Backend, CompiledKernel, get_backends
+from korch.backends import CompiledKernel, get_backends
 from korch.cli import commands as cli
 from korch.errors import KorchError
 from korch.profile import database as profile_db
@@ -88,24 +88,7 @@ def _dead(pid: int) -> bool:
         return True
 
 
-class _TorchKernels(Backend):
-    """Correct kernels (torch ops), for the misbehaving subclasses below."""
-
-    selectable = False
-
-    def version(self) -> str:
-        return "test-1"
-
-    def supports(self, spec, device):
-        return None
-
-    def compile(self, spec, device):
-        from korch.backends.torch_ops import graph_function
-
-        return CompiledKernel(graph_function(spec.graph, device))
-
-
-class KillCompileBackend(_TorchKernels):
+class KillCompileBackend(TorchKernels):
     """Its first compile is killed mid-job, as by the OOM killer."""
 
     name = "kill-compile"
@@ -116,7 +99,7 @@ class KillCompileBackend(_TorchKernels):
         return super().compile(spec, device)
 
 
-class KillTimingBackend(_TorchKernels):
+class KillTimingBackend(TorchKernels):
     """Its first kernel to be timed kills the timing worker: a compile worker calls a kernel once
     (its check), the timing worker calls it again and again."""
 
@@ -133,7 +116,7 @@ class KillTimingBackend(_TorchKernels):
         return CompiledKernel(fn)
 
 
-class KillTimerBackend(_TorchKernels):
+class KillTimerBackend(TorchKernels):
     """Its first compile kills the other workers of the run (with one compile worker: the timing
     worker, idle or still importing, before its first job) and waits until they are dead; its
     kernels are refused, so that plans hold only real backends."""
@@ -150,7 +133,7 @@ class KillTimerBackend(_TorchKernels):
         raise RuntimeError("no kernel from kill-timer")
 
 
-class KillAlwaysBackend(_TorchKernels):
+class KillAlwaysBackend(TorchKernels):
     """Every compile kills its worker."""
 
     name = "kill-always"

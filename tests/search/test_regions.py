@@ -1,24 +1,17 @@
 """benchmarks/regions_vs_ort.py cuts each partition's original ONNX nodes out of the model; the
 regions must compute exactly the values of the primitive graph they stand for."""
 
-import importlib.util
-from pathlib import Path
-
 import onnxruntime as ort
+from helpers import ROOT, load_script
 
 import korch
 from korch.ir import reference
 from korch.measure import check
 from korch.search.candidates import CandidateOptions, enumerate_candidates
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("regions_vs_ort", ROOT / "benchmarks" / "regions_vs_ort.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/regions_vs_ort.py")
 
 
 def test_every_region_computes_its_partitions_values():

@@ -162,5 +162,5 @@ def _tag(path: str, name: str) -> None:
     import onnx
 
     model = onnx.load(path)
-    onnx.helper.set_model_props(model, {"korch.cli.zoo": name, "korch.zoo_version": str(ZOO_VERSION)})
+    onnx.helper.set_model_props(model, {"korch.zoo": name, "korch.zoo_version": str(ZOO_VERSION)})
     onnx.save(model, path)

@@ -7,7 +7,7 @@ from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, OnnxNode, fission
 from korch.frontend.onnx.rules_layout import nd_rows
 from korch.frontend.ops.layout import scatter_elements_core, scatter_rows, sort_core
-from korch.ir.prims import SCATTER_REDUCTIONS
+from korch.ir.shapes import SCATTER_REDUCTIONS
 
 # ------------------------------------------------------------------- scatter
 

@@ -10,7 +10,8 @@ import numpy as np
 
 from korch.errors import KorchError
 from korch.frontend.lowering import Lowering, normalize_axes
-from korch.ir.prims import SCATTER_REDUCTIONS, Prim
+from korch.ir.prims import Prim
+from korch.ir.shapes import SCATTER_REDUCTIONS
 
 
 def tile_core(ctx: Lowering, x: str, reps) -> str:

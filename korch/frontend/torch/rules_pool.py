@@ -130,11 +130,8 @@ def upsample_nearest(ctx: Lowering, n: AtenNode) -> str:
 @aten("aten.upsample_bilinear2d.vec", "aten.upsample_linear1d.vec")
 def upsample_linear(ctx: Lowering, n: AtenNode) -> str:
     x = n["input"]
-    in_shape, out_shape = ctx.shape(x), n.out.shape
-    factors = [None, None] + _scale_factors(n, len(in_shape) - 2)
-    scales = [f if f else o / i for f, i, o in zip(factors, in_shape, out_shape)]
     mode = "align_corners" if n["align_corners"] else "pytorch_half_pixel"
-    return resample(ctx, x, out_shape, scales, Sampling("linear", mode, "floor"))
+    return resample(ctx, x, n.out.shape, _resize_scales(n, x, ctx), Sampling("linear", mode, "floor"))
 
 
 def _resize_scales(n: AtenNode, x: str, ctx: Lowering) -> list[float]:
