@@ -18,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+from ablation import markdown as ablation_table
 from search_bench import markdown as search_table
 from zoo_report import SOURCE_MODEL_NOTE, speedup, table, targets
 
@@ -88,6 +89,16 @@ def zoo(index: dict, results: Path, section: str) -> list[str]:
     return lines
 
 
+def ablation(index: dict, results: Path, section: str) -> list[str]:
+    """The section's ablation runs (benchmarks/ablation.py), each file's table."""
+    lines = []
+    for run in current(index, section):
+        doc = json.loads((results / run["files"][0]).read_text())
+        lines += [f"{run['date']}, commit {commit(run)}, {files(run)}; {machine(doc['machine'])}.", ""]
+        lines += [*reproduce(index, section), ablation_table(doc).rstrip("\n"), ""]
+    return lines[:-1]
+
+
 def search(index: dict, results: Path) -> list[str]:
     (run,) = current(index, "search")
     doc = json.loads((results / run["files"][0]).read_text())
@@ -134,6 +145,7 @@ def history(index: dict, results: Path) -> list[str]:
 BLOCKS = {
     "cpu-zoo": lambda index, results: zoo(index, results, "cpu-zoo"),
     "gpu-zoo": lambda index, results: zoo(index, results, "gpu-zoo"),
+    "cpu-ablation": lambda index, results: ablation(index, results, "cpu-ablation"),
     "search": search,
     "decoders": decoders,
     "suites": suites,

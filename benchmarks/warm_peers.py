@@ -14,7 +14,7 @@ import time
 import torch
 
 from korch.cli import zoo
-from korch.cli.bench import TORCH_MODES
+from korch.cli.bench import TORCH_MODES, torch_peer
 
 
 def warm(name: str, device: str, peers: list[str]) -> None:
@@ -26,9 +26,7 @@ def warm(name: str, device: str, peers: list[str]) -> None:
     ]
     for peer in peers:
         start = time.perf_counter()
-        fn = torch.compile(module, mode=TORCH_MODES[peer])
-        with torch.inference_mode():
-            fn(*inputs)
+        torch_peer(peer, module, inputs, device)  # (compiles it, as the bench will)
         print(f"{name} {peer}: compiled in {time.perf_counter() - start:.1f} s", flush=True)
 
 
@@ -38,7 +36,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--peers", default="torch-compile,torch-compile-cudagraphs")
     args = parser.parse_args()
-    peers = [p for p in args.peers.split(",") if TORCH_MODES.get(p)]
+    peers = [p for p in args.peers.split(",") if TORCH_MODES.get(p, (None,))[0]]
     for name in args.models:
         warm(name, args.device, peers)
 

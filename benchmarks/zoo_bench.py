@@ -168,6 +168,11 @@ def store(out: Path, entry: dict, finished: bool = True) -> None:
     else:
         doc["runs"].pop(key, None)
         unfinished[key] = entry
+    save(path, doc)
+
+
+def save(path: Path, doc: dict) -> None:
+    """`doc`, with this machine's description, written to `path` atomically."""
     doc["machine"] = machine()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1))

@@ -55,6 +55,7 @@ SIZE_WINDOW = 4  # a kernel's byte rate is the fastest among kernels at least 1/
 # pipeline: the time budget and the choice between measured plans
 PRIORITY_SHARE = 0.5  # of --time-budget, at most, for the kernels that make plans alone (then search)
 WHOLE_GRAPH_REACH = 10.0  # whole-graph plans isolated within this factor of the best are measured in place
+IN_PLACE_FLOOR = 0.5  # a negative in-place correction takes at most this share of a kernel's isolated time
 RUNOFF = 1.15  # plans measured within this factor of the fastest (by minima) are timed again side by side
 RUNOFF_ROUNDS = 8  # rounds of that runoff: a surer choice against optimize's time
 RUNOFF_SIGNIFICANCE = 0.05  # a plan replaces the source model when a sign test over the rounds says so

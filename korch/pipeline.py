@@ -18,20 +18,21 @@ from types import MappingProxyType
 import onnx
 
 from korch.backends import get_backends
-from korch.config import PRIORITY_SHARE, RUNOFF, RUNOFF_ROUNDS, RUNOFF_SIGNIFICANCE, WHOLE_GRAPH_REACH
+from korch.config import IN_PLACE_FLOOR, PRIORITY_SHARE, RUNOFF, RUNOFF_ROUNDS, WHOLE_GRAPH_REACH
 from korch.errors import KorchError, first_line
 from korch.frontend import FissionResult, import_onnx
 from korch.ir.graph import Graph, Node
 from korch.ir.prims import Prim
-from korch.measure import busy, check
+from korch.measure import check
 from korch.measure.device import device_name
 from korch.measure.roofline import half_matmuls, measure_ceilings
+from korch.measure.timing import consistently_faster, rounds_faster
 from korch.orchestrate.alternatives import rejected_alternatives
 from korch.orchestrate.solve_measure import SearchReport, certify, least_calls, search_profiler
 from korch.orchestrate.solver import Choice, Solution, greedy, solve
 from korch.plan.meta import PlanMeta, built_with
-from korch.plan.plan import Plan, build_plan
-from korch.plan.runtime import interleave
+from korch.plan.plan import Plan, build_plan, decided_by, is_source_model
+from korch.plan.runtime import interleave, measure_in_place
 from korch.profile.database import ProfileDB
 from korch.profile.profiler import ProfileOptions, Profiler, ProfileResult, essential, spread_s
 from korch.profile.rewrite_timing import RewriteTimer
@@ -48,6 +49,7 @@ from korch.search.candidates import (
 from korch.search.kernel import SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX, KernelSpec
 
 log = logging.getLogger("korch")
+SELECTIONS = ("optimal", "greedy", "whole-graph")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class OptimizeOptions:
     measure: bool = True  # time each plan in place (PlanMeta.measured) and re-solve with those timings
     refine_rounds: int = 2  # re-solves with in-place timings (when measure is on)
     rewrite: bool = True  # rewrites of the graph that save work (korch.rewrite)
+    # what makes the plan: "optimal" (the BLP's solution, refined by in-place timings); for
+    # `korch bench --ablation`, "greedy" (korch.orchestrate.solver.greedy) or "whole-graph" (the
+    # whole primitive graph as one kernel, in the backend whose plan measured fastest in place)
+    selection: str = "optimal"
 
     def __post_init__(self):
         """Check values as the CLI's flags are checked, so a Python caller gets the same one-line
@@ -81,6 +87,8 @@ class OptimizeOptions:
         if self.jobs is not None and not (_is_int(self.jobs) and self.jobs >= 1):
             raise KorchError(f"jobs must be an int, at least 1, got {self.jobs!r}")
         self._cap_jobs()
+        if self.selection not in SELECTIONS:
+            raise KorchError(f"selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
         if self.executor not in ("local", "ray"):
             raise KorchError(f"executor must be 'local' or 'ray', got {self.executor!r}")
 
@@ -316,7 +324,10 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
         plan.model = fission.model
         return plan
 
-    if options.measure:
+    if options.selection != "optimal":
+        solution = _ablated(graph, found, profiles, solution, baseline, make_plan, options.selection)
+        plan = make_plan(solution)
+    elif options.measure:
         plan, solution = _refine(graph, found, profiles, solution, make_plan, options)
     else:
         plan = make_plan(solution)
@@ -325,6 +336,23 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     plan.meta.decided_by = decided_by(plan)
     plan.meta.seconds = round(time.perf_counter() - started, 3)
     return plan
+
+
+def _ablated(graph, found, profiles, solution, baseline, make_plan, selection: str) -> Solution:
+    """The plan an ablation asks for instead of the optimum: the greedy baseline, or the whole
+    primitive graph as one kernel (each backend's plan measured in place, the fastest by minima)."""
+    if selection == "greedy":
+        if baseline is None:
+            raise KorchError("no greedy plan: some primitive has no profiled kernel of its own")
+        return baseline
+    wholes = [s for s in _whole_graph_solutions(graph, found, profiles, solution) if not _source_key(s)]
+    if not wholes:
+        raise KorchError("no backend compiled the whole primitive graph as one kernel")
+    return min(wholes, key=lambda s: measure_in_place(make_plan(s))["min_ms"])
+
+
+def _source_key(solution: Solution) -> bool:
+    return solution.chosen[0].candidate.key.startswith(SOURCE_MODEL_PREFIX)
 
 
 def _candidates(
@@ -372,6 +400,8 @@ def _profile(
             queue = [job for job in queue if essential(job)]
         profiler.measure(queue, None if budget is None else profiler.started + PRIORITY_SHARE * budget)
         profiler.cover()  # (where those are no plan: one backend, Inductor, and no seeds)
+        if options.selection != "optimal":
+            _cover_selection(profiler, options.selection)
         floors = least_calls(profiler, backends)
         report = search_profiler(
             graph,
@@ -388,17 +418,31 @@ def _profile(
     return profiles, report
 
 
+def _cover_selection(profiler: Profiler, selection: str) -> None:
+    """What an ablation's plan needs, whatever the time: the whole primitive graph in every
+    backend, or every primitive alone for the greedy plan (in the backends that compile quickly,
+    then in Inductor where none of them ran it)."""
+    queue = profiler.queue()
+    if selection == "whole-graph":
+        profiler.measure([job for job in queue if job[0].key.startswith(WHOLE_GRAPH_PREFIX)], None)
+        return
+    singles = [job for job in queue if len(job[0].graph.nodes) == 1]
+    inductor = [job for job in singles if job[1].name.startswith("inductor")]
+    profiler.measure([job for job in singles if not job[1].name.startswith("inductor")], None)
+    profiler.measure([job for job in inductor if not profiler.ran(job[0].key)], None)
+
+
 def extra_per_kernel(timed: list[tuple[str, float, float]]) -> dict[str, float]:
     """backend -> what running inside a plan adds to each of its kernels, from one plan's
-    (backend, ms alone, ms in place): the median difference, over two kernels or more, and never
-    negative. One kernel's difference is a whole model's noise, not a per-kernel cost: taken as
-    one (EfficientViT's whole graph ran 4% faster in place) it priced every other ONNX Runtime
-    kernel 0.26 ms cheaper, down to nothing, and a plan of 305 kernels was predicted at 0.84 ms
-    (it ran in 57)."""
+    (backend, ms alone, ms in place): the median difference, over two kernels or more. It may be
+    negative: a kernel that finds its inputs in the cache its neighbour just wrote runs faster
+    in place than timed alone, and is priced so. One kernel's difference is a whole model's
+    noise, not a per-kernel cost: taken as one it would reprice every other kernel of its
+    backend by a whole model's noise."""
     deltas: dict[str, list[float]] = {}
     for backend, alone, in_place in timed:
         deltas.setdefault(backend, []).append(in_place - alone)
-    return {b: max(0.0, statistics.median(d)) for b, d in deltas.items() if len(d) > 1}
+    return {b: statistics.median(d) for b, d in deltas.items() if len(d) > 1}
 
 
 def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, make_plan, options):
@@ -412,7 +456,7 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
     extra: dict[str, float] = {}  # backend -> median (in place - alone) per kernel
 
     def adjusted(key: str, backend: str, ms: float) -> float:
-        return in_place.get((key, backend), max(ms + extra.get(backend, 0.0), 1e-6))
+        return in_place.get((key, backend), max(ms + extra.get(backend, 0.0), ms * IN_PLACE_FLOOR))
 
     def cost(key: str) -> tuple[float, str | None]:
         return profiles.cost(key, adjusted)
@@ -436,6 +480,8 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
         seen.add(chosen(solution))
         plan = make_plan(solution)
         measured = plan.meta.measured = measure_in_place(plan, spread_s=spread)
+        if not _priced_alone(solution, profiles):  # (by in-place timings: the prediction checks nothing)
+            measured["predicted_over_measured"] = None
         measured_plans.append((plan, solution))
         _say(
             options,
@@ -481,13 +527,22 @@ def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, mak
     return best
 
 
+def _priced_alone(solution: Solution, profiles) -> bool:
+    """Whether every chosen kernel is priced by its isolated timing."""
+    alone = profiles.profiles
+    return all(
+        c.backend in alone.get(c.candidate.key, {}) and c.cost_ms == alone[c.candidate.key][c.backend].cost_ms
+        for c in solution.chosen
+    )
+
+
 def _runoff(best, measured: list, spread_s: float, options: OptimizeOptions | None = None):
     """Plans measured at different moments were compared by numbers a neighbour's burst may have
     doubled: the fastest and those within RUNOFF of it run again side by side (runtime.interleave:
     alternating blocks, a pause between them for the previous plan's spinning thread pools to go
     idle), RUNOFF_ROUNDS rounds spread over spread_s, and the lowest median wins, except over the
     source model run whole: that plan is what ONNX Runtime would run anyway, and another replaces
-    it only when consistently faster (korch.pipeline.consistently_faster), not by a margin the
+    it only when consistently faster (korch.measure.timing.consistently_faster), not by a margin the
     machine's noise makes (two copies of one ONNX Runtime session differ by 2-4% side by side).
     (best, what the runoff measured or None)."""
     limit = RUNOFF * best[0].meta.measured["min_ms"]
@@ -506,43 +561,14 @@ def _runoff(best, measured: list, spread_s: float, options: OptimizeOptions | No
     winner = medians.index(min(medians))
     first = [round(p.meta.measured["min_ms"], 6) for p, _ in close]
     report = {"min_ms": first, "medians_ms": [round(m, 6) for m in medians]}
-    source = next((i for i, (plan, _) in enumerate(close) if _is_source_model(plan)), None)
+    source = next((i for i, (plan, _) in enumerate(close) if is_source_model(plan)), None)
     if source is not None and winner != source:
         report["rounds_faster_than_source_model"] = rounds_faster(rounds[winner], rounds[source])
         if not consistently_faster(rounds[winner], rounds[source]):
             _say(options, "no plan ran consistently faster than the source model: it is kept")
             winner = source
+    report["winner"] = winner
     return close[winner], report
-
-
-def decided_by(plan: Plan) -> str:
-    """What the chosen plan is: the source model run whole, one kernel of the whole primitive
-    graph, or the solver's selection."""
-    if _is_source_model(plan):
-        return "source-model"
-    if len(plan.kernels) == 1 and plan.kernels[0].spec.key.startswith(WHOLE_GRAPH_PREFIX):
-        return "whole-graph"
-    return "solver"
-
-
-def _is_source_model(plan: Plan) -> bool:
-    return len(plan.kernels) == 1 and plan.kernels[0].spec.key.startswith(SOURCE_MODEL_PREFIX)
-
-
-def rounds_faster(challenger: list[list[float]], incumbent: list[list[float]]) -> tuple[int, int]:
-    """(rounds in which `challenger`'s median call was faster than `incumbent`'s, rounds)."""
-    pairs = [(statistics.median(a), statistics.median(b)) for a, b in zip(challenger, incumbent) if a and b]
-    return sum(a < b for a, b in pairs), len(pairs)
-
-
-def consistently_faster(challenger: list[list[float]], incumbent: list[list[float]]) -> bool:
-    """Whether `challenger` was faster than `incumbent` in more side-by-side rounds than chance
-    gives: a one-sided sign test at RUNOFF_SIGNIFICANCE (with 8 rounds, faster in 7 of them).
-    Rounds, not calls, are the independent samples: the calls of one block share the machine's
-    state of that moment (a neighbour's burst, the clock)."""
-    wins, n = rounds_faster(challenger, incumbent)
-    chance = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n  # of so many wins or more
-    return n > 0 and chance <= RUNOFF_SIGNIFICANCE
 
 
 def _whole_graph_solutions(graph: Graph, found: CandidateSet, profiles, like: Solution) -> list[Solution]:
@@ -555,25 +581,6 @@ def _whole_graph_solutions(graph: Graph, found: CandidateSet, profiles, like: So
                 if prof.cost_ms < math.inf:
                     plans.append(_alone(like, cand, backend, prof.cost_ms))
     return sorted(plans, key=lambda p: p.objective_ms)
-
-
-def measure_in_place(plan: Plan, repeats: int = 5, spread_s: float = 0.0) -> dict:
-    """The plan run as a whole, each kernel timed where it runs: the check on the cost model (the
-    sum of kernels timed alone, warm) that `korch optimize` and `korch explain` report."""
-    exe = plan.executable()
-    feeds = exe.feeds((), plan.random_inputs())
-    # once more when other processes took the CPU (on CUDA, device time: not stretched by them)
-    retries = 0 if plan.device.startswith("cuda") else 1
-    (total, fastest, steps), _, disturbed = busy.quietest(
-        lambda: exe.time_steps(feeds, repeats, spread_s), retries, key=lambda t: t[1]
-    )
-    return {
-        "ms": round(total, 6),
-        "min_ms": round(fastest, 6),
-        "kernels_ms": [round(t, 6) for t in steps],
-        "predicted_over_measured": round(plan.predicted_ms / total, 4) if total else None,
-        "disturbed": disturbed,  # (in every run)
-    }
 
 
 def _say(options: OptimizeOptions | None, message: str) -> None:

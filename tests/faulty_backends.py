@@ -68,12 +68,26 @@ class CompileThreadsBackend(TorchKernels):
 
     name = "compile-threads"
 
-    def compile(self, spec, device):
+    def threads(self) -> int:
         from torch._inductor import config
 
+        return config.compile_threads
+
+    def compile(self, spec, device):
         with open(os.environ["KORCH_TEST_THREADS_LOG"], "a") as log:
-            log.write(f"{spec.key} {config.compile_threads}\n")
+            log.write(f"{spec.key} {self.threads()}\n")
         return super().compile(spec, device)
+
+
+class KernelThreadsBackend(CompileThreadsBackend):
+    """The same with torch's intra-op threads: what a kernel compiled there specializes on."""
+
+    name = "kernel-threads"
+
+    def threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
 
 
 class SlowBackend(TorchKernels):
@@ -83,4 +97,19 @@ class SlowBackend(TorchKernels):
 
     def compile(self, spec, device):
         time.sleep(1.0)
+        return super().compile(spec, device)
+
+
+class SlowFirstBackend(TorchKernels):
+    """Correct kernels (torch ops) whose first compile of a key takes a second and later ones
+    (another process's, as a warm compiler cache would) nothing: a marker file per key in
+    $KORCH_TEST_COMPILED_DIR."""
+
+    name = "slow-first"
+
+    def compile(self, spec, device):
+        marker = os.path.join(os.environ["KORCH_TEST_COMPILED_DIR"], spec.key)
+        if not os.path.exists(marker):
+            time.sleep(1.0)
+            open(marker, "w").close()
         return super().compile(spec, device)

@@ -27,9 +27,11 @@ from korch.search.kernel import KernelSpec
 # asked for (each imports this interface)
 IMPLEMENTATIONS = (
     "korch.backends.inductor:InductorBackend",
+    "korch.backends.inductor:InductorFrozenBackend",
     "korch.backends.vendor:VendorBackend",
     "korch.backends.eager:EagerBackend",
     "korch.backends.onnxrt:OnnxRuntimeBackend",
+    "korch.backends.openvino:OpenVinoBackend",
     "korch.backends.reference:ReferenceBackend",
 )
 

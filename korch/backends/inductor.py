@@ -1,18 +1,21 @@
-"""The Inductor backend: a candidate traced to an aten graph and compiled by PyTorch Inductor
-(C++/OpenMP on CPU, Triton on CUDA)."""
+"""The Inductor backends: a candidate traced to an aten graph and compiled by PyTorch Inductor
+(C++/OpenMP on CPU, Triton on CUDA), its weights as inputs ("inductor") or compiled in as
+constants ("inductor-frozen")."""
 
 from __future__ import annotations
 
 import contextlib
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
-from korch.backends import Backend, CompiledKernel, onnx_patterns, source_digest, torch_ops
+from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, source_digest, torch_ops
 from korch.backends.torch_ops import graph_function
-from korch.ir.prims import Prim
+from korch.ir.graph import Graph
+from korch.ir.prims import Kind, Prim
+from korch.ir.tensors import to_tensor
 from korch.measure.device import example_tensors
 from korch.search.kernel import KernelSpec
 
@@ -25,7 +28,8 @@ def count_launches(source: str) -> int:
     body = source.split("def call(", 1)[-1]
     launches = sum(len(re.findall(rf"\b{name}(\.run)?\(", body)) for name in _DEFINITION.findall(source))
     launches += len(re.findall(r"\bextern_kernels\.\w+\(", body))
-    launches += len(re.findall(r"\btorch\.ops\.\w+\.\w+", body))
+    # (not the op names quoted in its size and stride checks)
+    launches += len(re.findall(r"(?<!['\"])\btorch\.ops\.\w+\.\w+", body))
     return max(launches, 1)
 
 
@@ -59,6 +63,74 @@ def static_shapes(inputs: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
         yield [mode.from_tensor(x, static_shapes=True) for x in inputs]
 
 
+def _epilogue_forms(gm: torch.fx.GraphModule) -> None:
+    """The traced graph rewritten into the forms Inductor's freezing passes match, computing the
+    same values: a broadcast whose only readers are elementwise ops with an operand of its full
+    shape is dropped (they broadcast it themselves: a conv's bias added after it is then folded
+    into the conv), and max(x, 0) becomes relu (a oneDNN post-op of the conv or matmul before it)."""
+    aten = torch.ops.aten
+    binary = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
+
+    def shape(n) -> tuple | None:
+        return tuple(n.meta["val"].shape) if isinstance(n, torch.fx.Node) and "val" in n.meta else None
+
+    def zero(n) -> bool:
+        value = getattr(gm, n.target, None) if isinstance(n, torch.fx.Node) and n.op == "get_attr" else None
+        return isinstance(value, torch.Tensor) and value.numel() == 1 and not value.any()
+
+    for node in list(gm.graph.nodes):
+        if node.target is aten.expand.default:
+            readers = list(node.users)
+            others = [a for u in readers for a in u.args if a is not node]
+            elementwise = all(u.target in binary and len(u.args) == 2 and not u.kwargs for u in readers)
+            full = len(others) == len(readers) and all(shape(a) == shape(node) for a in others)
+            if readers and elementwise and full:
+                node.replace_all_uses_with(node.args[0])
+        elif node.target is aten.maximum.default and node.meta["val"].dtype.is_floating_point:
+            x, c = node.args if zero(node.args[1]) else node.args[::-1]
+            if zero(c) and shape(x) == shape(node) and x.meta["val"].dtype == node.meta["val"].dtype:
+                with gm.graph.inserting_before(node):
+                    relu = gm.graph.call_function(aten.relu.default, (x,))
+                relu.meta.update(node.meta)
+                node.replace_all_uses_with(relu)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def _compile_graph(fn: Callable, examples: list[torch.Tensor], freezing: bool) -> CompiledKernel:
+    """`fn` traced on `examples` and compiled by Inductor; with `freezing`, the tensors `fn` closes
+    over are frozen: folded where they meet only each other, prepacked for oneDNN and MKL on CPU.
+    Called outside_dynamo."""
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    sources = []
+
+    def inner(*args, **kwargs):  # (a frozen graph's callable wraps what holds the source)
+        compiled = compile_fx_inner(*args, **kwargs)
+        sources.append(getattr(compiled, "source_code", "") or "")
+        return compiled
+
+    frozen = contextlib.ExitStack()
+    if freezing:  # (Inductor freezes only inference graphs: traced without autograd)
+        frozen.enter_context(torch.no_grad())
+        frozen.enter_context(config.patch(freezing=True))
+    with frozen:
+        traced = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+        if freezing:
+            _epilogue_forms(traced)
+        with static_shapes(examples) as fakes:
+            compiled = compile_fx(traced, fakes, inner_compile=inner)
+    source = getattr(compiled, "source_code", "") or "".join(sources)
+
+    def run(*inputs: torch.Tensor) -> list[torch.Tensor]:
+        # compiled for dense inputs; another kernel may hand over a strided view
+        return list(compiled(*[x if x.is_contiguous() else x.contiguous() for x in inputs]))
+
+    return CompiledKernel(run, count_launches(source))
+
+
 class InductorBackend(Backend):
     name = "inductor"
 
@@ -75,19 +147,74 @@ class InductorBackend(Backend):
         return None
 
     def compile(self, spec: KernelSpec, device: str) -> CompiledKernel:
-        from torch._inductor.compile_fx import compile_fx
-        from torch.fx.experimental.proxy_tensor import make_fx
-
         with outside_dynamo():  # (korch may be called from inside a Dynamo trace)
             examples = example_tensors(spec.graph, device)
-            fn = graph_function(spec.graph, device)
-            traced = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
-            with static_shapes(examples) as fakes:
-                compiled = compile_fx(traced, fakes)
-        kernels = count_launches(getattr(compiled, "source_code", "") or "")
+            return _compile_graph(graph_function(spec.graph, device), examples, freezing=False)
+
+
+def weight_derived(graph: Graph, weights: tuple[int, ...]) -> set[str]:
+    """The values computed from the weights (the inputs at `weights`) alone, the weights among
+    them: what freezing folds at compile time."""
+    fixed = set(graph.constants)
+    derived = {graph.inputs[i] for i in weights}
+    for node in graph.nodes:
+        if all(v in fixed or v in derived for v in node.inputs) and any(v in derived for v in node.inputs):
+            derived.update(node.outputs)
+    return derived
+
+
+def weight_fed_linear(graph: Graph, weights: tuple[int, ...]) -> bool:
+    """Whether a linear primitive has an operand computed from the weights alone, read directly or
+    through other primitives (a transpose, a scale): what freezing prepacks."""
+    derived = weight_derived(graph, weights)
+    return any(node.kind is Kind.LINEAR and not derived.isdisjoint(node.inputs) for node in graph.nodes)
+
+
+class InductorFrozenBackend(InductorBackend):
+    """Inductor with the kernel's weights compiled in as constants (its freezing): on CPU convs and
+    matmuls become oneDNN and MKL calls on prepacked weights with their pointwise epilogues fused,
+    and anything computed from weights alone is folded at compile time."""
+
+    name = "inductor-frozen"
+    bakes_weights = True
+
+    def version(self) -> str:
+        return f"{super().version()}+frozen"
+
+    def supports(self, spec: KernelSpec, device: str) -> str | None:
+        reason = super().supports(spec, device)
+        if reason is None and not weight_fed_linear(spec.graph, spec.weights):
+            return "no linear primitive reads a weight (freezing changes nothing)"
+        return reason
+
+    def compile(self, spec: KernelSpec, device: str, weights: Weights | None = None) -> CompiledKernel:
+        """Inductor's FX graph cache keys a frozen weight by its shape, dtype and strides and reads
+        its value from the graph being compiled (folding happens before the lookup), so kernels of
+        one structure share cached code, each with its own weights. (A graph holding a oneDNN
+        prepacked weight, a CPU conv's or matmul's, is not cached: it is lowered again each time.)"""
+        graph, weights = spec.graph, weights or {}
+        with outside_dynamo():  # (korch may be called from inside a Dynamo trace)
+            baked = {i: to_tensor(weights[v], device) for i, v in enumerate(graph.inputs) if v in weights}
+            fed = [i for i in range(len(graph.inputs)) if i not in baked]
+            run = graph_function(graph, device)
+
+            def closed(*xs: torch.Tensor) -> list[torch.Tensor]:  # the weights: constants of the trace
+                args = dict(baked)
+                args.update(zip(fed, xs))
+                return run(*[args[i] for i in range(len(graph.inputs))])
+
+            examples = example_tensors(graph, device)
+            inner = _compile_graph(closed, [examples[i] for i in fed], freezing=True)
+
+        # an output folded to a constant is the compiled kernel's own tensor: handed out as a copy,
+        # or a caller's write to it would change every later call
+        derived = weight_derived(graph, tuple(baked))
+        folded = [i for i, v in enumerate(graph.outputs) if v in derived]
 
         def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
-            # compiled for dense inputs; another kernel may hand over a strided view
-            return list(compiled(*[x if x.is_contiguous() else x.contiguous() for x in inputs]))
+            outs = inner.fn(*[inputs[i] for i in fed])
+            for i in folded:
+                outs[i] = outs[i].clone()
+            return outs
 
-        return CompiledKernel(fn, kernels)
+        return CompiledKernel(fn, inner.kernels)

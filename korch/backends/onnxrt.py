@@ -207,7 +207,7 @@ def to_onnx(graph: Graph, weights: Weights | None = None) -> onnx.ModelProto:
     turns convolutions with constant weights (and only those) into its NCHWc kernels."""
     weights = weights or {}
     if len(graph.nodes) == 1 and graph.nodes[0].prim is Prim.OPAQUE:
-        if _source_model(graph) is None:
+        if source_model(graph) is None:
             return _opaque_model(graph, weights)
         # the source model run whole, with its outputs renamed (compile() runs its bytes as they are)
         model = onnx.load_from_string(graph.nodes[0].a["model"])
@@ -320,7 +320,7 @@ class OnnxRuntimeBackend(Backend):
         nodes = spec.graph.nodes
         if len(nodes) > 1 and any(n.prim is Prim.OPAQUE for n in nodes):
             return "an opaque operator runs alone (its one-operator model has an opset of its own)"
-        if _unfused_window(spec.graph):
+        if unfused_window(spec.graph):
             return "window outside a pool has no ONNX equivalent"
         if any(n.prim is Prim.GROUPED_MATMUL for n in nodes):
             return "a grouped matmul has no ONNX equivalent"
@@ -346,7 +346,7 @@ class OnnxRuntimeBackend(Backend):
         opts.log_severity_level = 3
         opts.intra_op_num_threads = torch.get_num_threads()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        source = _source_model(graph)
+        source = source_model(graph)
         # a plan holds many sessions, each with its own thread pool: spinning pools would fight;
         # a kernel that is a plan by itself spins, which makes it faster
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if runs_alone(spec.key) else "0")
@@ -400,12 +400,12 @@ class OnnxRuntimeBackend(Backend):
         return CompiledKernel(fn, kernels=nodes)
 
 
-def _unfused_window(graph: Graph) -> bool:
+def unfused_window(graph: Graph) -> bool:
     windows = {i for i, n in enumerate(graph.nodes) if n.prim is Prim.WINDOW}
     return bool(windows) and bool(windows - set().union(*(f.absorbed for f in fuse(graph).values())))
 
 
-def _source_model(graph: Graph) -> bytes | None:
+def source_model(graph: Graph) -> bytes | None:
     """The bytes of a whole source model when the kernel is one (korch.pipeline.original_model_seed)."""
     if len(graph.nodes) == 1 and graph.nodes[0].prim is Prim.OPAQUE:
         attrs = dict(graph.nodes[0].attrs)

@@ -149,8 +149,8 @@ def _optimize_command(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument(
         "--backends",
-        help="comma-separated backends: inductor, vendor, eager, onnxruntime (default: inductor,vendor,"
-        "onnxruntime on CPU; inductor,vendor,eager,onnxruntime on CUDA)",
+        help="comma-separated backends: inductor, inductor-frozen, vendor, eager, onnxruntime, openvino "
+        "(default: all but eager on CPU; all but openvino on CUDA)",
     )
     p.add_argument(
         "--cache",
@@ -212,9 +212,17 @@ def _bench_command(sub) -> None:
     p.add_argument(
         "--vs",
         default="onnxruntime",
-        help="comma-separated peers: onnxruntime, eager, torch-compile, torch-compile-max-autotune, "
-        "torch-compile-cudagraphs (torch peers need a model built by `korch zoo`)",
+        help="comma-separated peers: onnxruntime, openvino, eager, torch-compile, torch-compile-freezing, "
+        "torch-compile-max-autotune(-freezing), torch-compile-cudagraphs(-freezing) (torch peers need a "
+        "model built by `korch zoo`)",
     )
+    p.add_argument(
+        "--ablation",
+        action="store_true",
+        help="given a model: also korch's own variants (no rewrite, whole graph, greedy, no seeds), "
+        "each optimized and timed in the same run",
+    )
+    p.add_argument("--backends", help="comma-separated backends, when optimizing a model (as optimize's)")
     p.add_argument("--device", help="cpu (default) or cuda, when optimizing a model (a plan has its own)")
     p.add_argument("--rounds", type=_at_least(1), default=10, help="interleaved blocks per system")
     p.add_argument("--cache", type=_path, help="profile database when optimizing a model")

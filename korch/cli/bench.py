@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,13 +15,23 @@ from korch.errors import KorchError, error_line
 from korch.plan.plan import Plan
 from korch.plan.runtime import interleave
 
-TORCH_MODES = {  # peer name -> torch.compile mode (None: eager PyTorch)
-    "eager": None,
-    "torch-compile": "default",
-    "torch-compile-max-autotune": "max-autotune",
-    "torch-compile-cudagraphs": "reduce-overhead",  # CUDA graphs; CUDA only
+TORCH_MODES = {  # peer name -> (torch.compile mode, freezing); mode None: eager PyTorch
+    "eager": (None, False),
+    "torch-compile": ("default", False),
+    "torch-compile-freezing": ("default", True),
+    "torch-compile-max-autotune": ("max-autotune", False),
+    "torch-compile-max-autotune-freezing": ("max-autotune", True),
+    "torch-compile-cudagraphs": ("reduce-overhead", False),  # CUDA graphs; CUDA only
+    "torch-compile-cudagraphs-freezing": ("reduce-overhead", True),
 }
-PEERS = ("onnxruntime", *TORCH_MODES)
+PEERS = ("onnxruntime", "openvino", *TORCH_MODES)
+# korch's own variants (`korch bench --ablation`): name -> what they change in optimize's options
+ABLATION = {
+    "korch-no-rewrite": {"rewrite": False},
+    "korch-whole-graph": {"selection": "whole-graph", "time_budget": 0.0},
+    "korch-greedy": {"selection": "greedy", "time_budget": 0.0},
+    "korch-no-seeds": {"seeds": False},
+}
 
 
 def _onnxruntime_peer(plan: Plan, feeds: dict[str, np.ndarray]):
@@ -54,16 +66,62 @@ def zoo_module(plan: Plan):
     return zoo.make_module(name)
 
 
-def _torch_peer(name: str, module, inputs: list[torch.Tensor], device: str):
-    mode = TORCH_MODES[name]
+def torch_peer(name: str, module, inputs: list[torch.Tensor], device: str):
+    """A call of the module as the peer runs it, and the peer's kernel launches per call (Inductor's
+    generated code, counted as korch counts its own Inductor kernels; None for eager PyTorch).
+    Compiles it (the first call). With freezing, the weights are constants of the compiled code:
+    Inductor reads its `freezing` setting when it compiles (the first call), and the setting among
+    the options makes this a compile of its own, not Dynamo's cached one of the same module."""
+    from torch._inductor import config, list_mode_options
+    from torch._inductor.codecache import PyCodeCache
+
+    from korch.backends.inductor import count_launches
+
+    mode, freezing = TORCH_MODES[name]
     if mode == "reduce-overhead" and not device.startswith("cuda"):
-        raise KorchError("peer torch-compile-cudagraphs needs --device cuda")
+        raise KorchError(f"peer {name} needs --device cuda")
     module = module.to(device).eval()
-    fn = module if mode is None else torch.compile(module, mode=mode)
+    if mode is None:
+        fn = module
+    elif freezing:
+        fn = torch.compile(module, options={**list_mode_options(mode), "freezing": True})
+    else:
+        fn = torch.compile(module, mode=mode)
 
     def call():
         with torch.inference_mode():
             return fn(*inputs)
+
+    before = len(PyCodeCache.modules)
+    with config.patch(freezing=freezing):
+        call()
+    wrappers = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
+    launches = sum(count_launches(Path(m.__file__).read_text()) for m in wrappers)
+    return call, launches or None
+
+
+def _openvino_peer(plan: Plan, feeds: dict[str, np.ndarray]):
+    """The source model in OpenVINO's CPU plugin: float32, the threads korch's kernels use."""
+    try:
+        import openvino as ov
+    except ImportError:
+        raise KorchError("peer openvino needs the openvino package: pip install openvino") from None
+    if plan.model is None:
+        raise KorchError("the plan carries no ONNX model to run in OpenVINO")
+    if plan.device != "cpu":
+        raise KorchError("peer openvino runs on the CPU only")
+    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "INFERENCE_PRECISION_HINT": "f32"}
+    try:
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(plan.model.SerializeToString()), "CPU", config)
+    except Exception as e:
+        raise KorchError(f"peer openvino cannot run this model: {error_line(e)}") from None
+    request = compiled.create_infer_request()
+    names = [i.get_any_name() for i in compiled.inputs]
+
+    def call():
+        out = request.infer({n: feeds[n] for n in names})
+        return [np.array(out[o]) for o in compiled.outputs]  # (copies: the request reuses its buffers)
 
     return call
 
@@ -88,9 +146,30 @@ def _agreement(want: list[np.ndarray], got) -> float:
     return max((rel_err(g.reshape(w.shape), w) for g, w in zip(got, want)), default=0.0)
 
 
-def _systems(plan: Plan, peers, module, feeds) -> tuple[dict[str, Callable], dict[str, float]]:
-    exe = plan.executable()
-    systems = {"korch": exe.caller(feeds)}
+def _oracle(plan: Plan, feeds: dict[str, np.ndarray], korch_outputs: list[np.ndarray]):
+    """The outputs every system is checked against, and whose they are: ONNX Runtime's on the
+    source model where it runs it (as `korch verify` checks), else korch's own."""
+    if plan.model is not None:
+        import onnxruntime as ort
+
+        try:
+            sess = ort.InferenceSession(plan.model.SerializeToString(), providers=["CPUExecutionProvider"])
+            return _flatten(sess.run(None, feeds)), "onnxruntime"
+        except Exception:  # (a bfloat16 model on a CPU: no kernels for it there)
+            pass
+    return korch_outputs, "korch"
+
+
+def _systems(plan: Plan, peers, module, feeds, variants) -> tuple[dict[str, Callable], dict[str, dict]]:
+    """Each system's call, and what is known of it before timing: setup seconds, launches."""
+    systems, facts = {}, {}
+    for name, p in {"korch": plan, **variants}.items():
+        exe = p.executable()
+        systems[name] = exe.caller(feeds)
+        systems[name]()  # (on CUDA: captures its CUDA graph)
+        facts[name] = {"launches": exe.launches}
+        if exe.captured is not None:  # (on CUDA: a plan run kernel by kernel says so)
+            facts[name]["cuda_graph"] = exe.captured
     ordered = []  # the torch peers' inputs, on the plan's device
     if any(p in TORCH_MODES for p in peers):
         if module is None:
@@ -98,24 +177,42 @@ def _systems(plan: Plan, peers, module, feeds) -> tuple[dict[str, Callable], dic
                 "torch peers need the PyTorch module: models built by `korch zoo` carry it; for other "
                 "models pass module= to korch.cli.bench.bench"
             )
-        tensors = exe.feeds((), feeds)
+        tensors = plan.executable().feeds((), feeds)
         ordered = [tensors[n] for n, _ in plan.inputs]
-    compile_s = {}
     for peer in peers:
         start = time.perf_counter()
+        launches = None
         if peer == "onnxruntime":
             systems[peer] = _onnxruntime_peer(plan, feeds)
+        elif peer == "openvino":
+            systems[peer] = _openvino_peer(plan, feeds)
         else:
-            systems[peer] = _torch_peer(peer, module, ordered, plan.device)
-        systems[peer]()  # compiles, for torch.compile peers
-        compile_s[peer] = time.perf_counter() - start
-    return systems, compile_s
+            systems[peer], launches = torch_peer(peer, module, ordered, plan.device)
+        systems[peer]()
+        facts[peer] = {"setup_s": round(time.perf_counter() - start, 3)}
+        if launches is not None:
+            facts[peer]["launches"] = launches
+    return systems, facts
 
 
 def check_peers(peers) -> None:
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise KorchError(f"unknown peers {unknown}; available: {', '.join(PEERS)}")
+
+
+def ablation_plans(model, options, shapes=None, values=None, say=print) -> dict[str, Plan]:
+    """korch's variants of one model (ABLATION), each optimized with `options` changed as the
+    variant says. They share options' profile database: the whole-graph and greedy variants
+    profile only what their plan needs beyond it (a budget of 0 s: the whole graph in every
+    backend, every primitive alone), the others what their own graph or search needs."""
+    from korch.pipeline import optimize
+
+    plans = {}
+    for name, change in ABLATION.items():
+        say(f"ablation: {name}")
+        plans[name] = optimize(model, shapes=shapes, values=values, options=replace(options, **change))
+    return plans
 
 
 def bench(
@@ -127,37 +224,43 @@ def bench(
     block_s: float = 0.05,
     module=None,
     round_pause_s: float = 1.0,
+    variants: dict[str, Plan] | None = None,
 ) -> dict:
-    """Median, min and max milliseconds per system, each peer's agreement with korch's outputs,
-    and korch's speedup over the fastest peer. `module`: the PyTorch source, for torch peers
-    (found automatically for zoo models). Rounds are `round_pause_s` apart, so the bench spans
-    longer than the ~2 s bursts in which a shared machine's neighbour takes a core (a bench of
-    ten back-to-back rounds fits inside one, and every median doubles)."""
+    """Median, min and max milliseconds per system (korch, its `variants`, the peers), interleaved;
+    each system's largest relative error against ONNX Runtime on the source model (korch's
+    outputs where that cannot run); kernel launches per call where known; and korch's speedup over
+    the fastest peer. `module`: the PyTorch source, for torch peers (found automatically for zoo
+    models). Rounds are `round_pause_s` apart, so the bench spans longer than the ~2 s bursts in
+    which a shared machine's neighbour takes a core (a bench of ten back-to-back rounds fits
+    inside one, and every median doubles)."""
     check_peers(peers)
+    variants = variants or {}
     if module is None and any(p in TORCH_MODES for p in peers):
         module = zoo_module(plan)
     feeds = plan.random_inputs(seed)
-    systems, compile_s = _systems(plan, peers, module, feeds)
-    want = _flatten(systems["korch"]())
-    agreement = {p: _agreement(want, systems[p]()) for p in peers}
-    for fn in systems.values():
+    systems, facts = _systems(plan, peers, module, feeds, variants)
+    want, against = _oracle(plan, feeds, _flatten(systems["korch"]()))
+    for name, fn in systems.items():
+        facts[name]["max_rel_err"] = _agreement(want, fn())
         for _ in range(warmup):
             fn()
     by_round = interleave(systems, rounds, block_s, plan.device, round_pause_s=round_pause_s)
-    samples = {name: [ms for r in rs for ms in r] for name, rs in by_round.items()}
-    results = {
-        name: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s)}
-        for name, s in samples.items()
-    }
-    for p in peers:
-        results[p].update(max_rel_err=agreement[p], setup_s=round(compile_s[p], 3))
+    results = {}
+    for name, rs in by_round.items():
+        s = [ms for r in rs for ms in r]
+        results[name] = {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s), **facts[name]}
+    ablation = {name: results.pop(name) for name in variants}
     peer_best = min((results[p]["median_ms"] for p in peers), default=None)
     speedup = peer_best / results["korch"]["median_ms"] if peer_best else None
-    return {
+    report = {
         "device": plan.device,
         "threads": torch.get_num_threads(),
         "results": results,
         "speedup_vs_best_peer": speedup,
+        "errors_against": against,
         "predicted_ms": plan.predicted_ms,
         "rounds": rounds,
     }
+    if variants:
+        report["ablation"] = ablation
+    return report

@@ -344,15 +344,16 @@ def cmd_verify(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from korch.cli.bench import PEERS, bench, check_peers
+    from korch.cli.bench import PEERS, ablation_plans, bench, check_peers
 
     peers = _names(args.vs)
     if not peers:  # korch timed alone has no peer to be faster than: a slip, as for --backends
         raise KorchError(f"--vs names no peer: {args.vs!r}; available: {', '.join(PEERS)}")
     check_peers(peers)  # before any optimizing
     target = Path(args.target)
+    variants = {}
     if target.is_dir():
-        given = [flag for flag, dest in _MODEL_ONLY_BENCH_FLAGS.items() if getattr(args, dest) is not None]
+        given = [f for f, dest in _MODEL_ONLY_BENCH_FLAGS.items() if getattr(args, dest) not in (None, False)]
         if given:
             raise KorchError(f"{', '.join(given)}: only for a model to optimize; {target} is a plan")
         plan = _load_plan(target, args)
@@ -361,27 +362,45 @@ def cmd_bench(args) -> int:
     else:
         from korch.pipeline import OptimizeOptions, optimize
 
+        backends = _names(args.backends) if args.backends else None
+        if args.backends is not None and not backends:
+            raise KorchError(f"--backends names no backend: {args.backends!r}")
         options = OptimizeOptions(
             device="cpu" if args.device is None else args.device,  # (an empty --device is refused)
+            backends=backends,
             cache=_cache_path(args),
             progress=not args.quiet,
             time_budget=args.time_budget,
         )
         options.check_device("--device")
-        plan = optimize(target, shapes=_shapes(args), values=_values(args), options=options)
-    report = bench(plan, peers, rounds=args.rounds)
-    width = max(len(n) for n in report["results"])
-    lines = [f"{'system':{width}s} {'median ms':>10s} {'min ms':>9s} {'max ms':>9s} {'rel err':>9s}"]
-    for name, r in report["results"].items():
-        agree = f"{r['max_rel_err']:9.1e}" if "max_rel_err" in r else f"{'':9s}"
-        lines.append(f"{name:{width}s} {r['median_ms']:10.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f} {agree}")
+        shapes, values = _shapes(args), _values(args)
+        plan = optimize(target, shapes=shapes, values=values, options=options)
+        if args.ablation:
+            variants = ablation_plans(target, options, shapes, values, say=lambda m: _log(args, m))
+    report = bench(plan, peers, rounds=args.rounds, variants=variants)
+    _emit(args, report, _bench_table(report, plan))
+    return 0
+
+
+def _bench_table(report: dict, plan) -> str:
+    rows = {**report["results"], **report.get("ablation", {})}
+    width = max(len(n) for n in rows)
+    head = f"{'median ms':>10s} {'min ms':>9s} {'max ms':>9s} {'rel err':>9s} {'launches':>8s}"
+    lines = [f"{'system':{width}s} {head}"]
+    for name, r in rows.items():
+        launches = r.get("launches")
+        line = f"{name:{width}s} {r['median_ms']:10.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}"
+        line += f" {r['max_rel_err']:9.1e} {'' if launches is None else launches:>8}"
+        if r.get("cuda_graph") is False:
+            line += "  (not captured as a CUDA graph)"
+        lines.append(line)
+    lines.append(f"relative errors against {report['errors_against']}'s outputs on the same inputs")
     if report["speedup_vs_best_peer"]:
         lines.append(
             f"korch speedup vs best peer: {report['speedup_vs_best_peer']:.2f}x "
             f"(predicted {plan.predicted_ms:.3f} ms)"
         )
-    _emit(args, report, "\n".join(lines))
-    return 0
+    return "\n".join(lines)
 
 
 def _device_key(device: str) -> str:
@@ -392,6 +411,8 @@ def _device_key(device: str) -> str:
 # korch bench's flags that only apply when it optimizes a model
 _MODEL_ONLY_BENCH_FLAGS = {
     "--time-budget": "time_budget",
+    "--backends": "backends",
+    "--ablation": "ablation",
     "--shape": "shape",
     "--value": "value",
     "--cache": "cache",

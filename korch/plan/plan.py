@@ -25,7 +25,7 @@ from korch.ir.serialize import graph_to_json, load_graph_json
 from korch.plan.check import MANIFEST, check_graph, check_plan, check_versions, write_manifest
 from korch.plan.meta import RERUN, PlanMeta
 from korch.plan.store import PlanFiles, PlanReplaced, exchange
-from korch.search.kernel import KernelSpec, kernel_graph_json
+from korch.search.kernel import SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX, KernelSpec, kernel_graph_json
 
 FORMAT = "korch.plan/2"  # /2: typed metadata (korch.plan.meta)
 # refused with advice to optimize again ("korch.plan.plan/1": the untyped metadata of "korch.plan/1",
@@ -487,3 +487,17 @@ def build_plan(
         meta=dataclasses.replace(meta) if meta is not None else PlanMeta(),  # each plan its own
         graph=graph,
     )
+
+
+def decided_by(plan: Plan) -> str:
+    """What the chosen plan is: the source model run whole, one kernel of the whole primitive
+    graph, or the solver's selection."""
+    if is_source_model(plan):
+        return "source-model"
+    if len(plan.kernels) == 1 and plan.kernels[0].spec.key.startswith(WHOLE_GRAPH_PREFIX):
+        return "whole-graph"
+    return "solver"
+
+
+def is_source_model(plan: Plan) -> bool:
+    return len(plan.kernels) == 1 and plan.kernels[0].spec.key.startswith(SOURCE_MODEL_PREFIX)

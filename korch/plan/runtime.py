@@ -19,6 +19,7 @@ from korch.errors import KorchError, first_line
 from korch.ir.prims import BFLOAT16
 from korch.ir.reference import mismatch
 from korch.ir.tensors import DTYPES, as_tensor, to_numpy, to_tensor
+from korch.measure import busy
 from korch.measure.timing import (
     device_intervals,
     elapsed_ms,
@@ -48,6 +49,7 @@ class Executable:
         # each kernel's arguments with the weights in place once, here: a call fills in only the
         # values computed at run time (a source model run whole reads every weight of the model)
         self.steps = []
+        self.launches = 0  # device kernels per call, as far as the backends know (CompiledKernel.kernels)
         lanes = []  # each kernel's numpy form (CompiledKernel.arrays), None where it has none
         for k in plan.kernels:
             if k.backend not in backends:
@@ -60,6 +62,7 @@ class Executable:
                 weights = {n: plan.weights[v] for n, v in reads}
                 compiled[ident] = compile_with(backend, k.spec, device, weights)
             ins = k.spec.inputs
+            self.launches += compiled[ident].kernels
             lanes.append(compiled[ident].arrays)
             self.steps.append(
                 (
@@ -104,6 +107,11 @@ class Executable:
                 return static_out
         return self._run(feeds)
 
+    @property
+    def captured(self) -> bool | None:
+        """Whether the plan runs as one CUDA graph (None: not on CUDA, or not called yet)."""
+        return None if self._cuda_graph is None else bool(self._cuda_graph)
+
     def run_owned(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """run_tensors' outputs, each the caller's own: copied out of a CUDA graph's static
         buffers, which the next call overwrites."""
@@ -127,7 +135,7 @@ class Executable:
             return graph, static_in, static_out
         except Exception as e:
             line = first_line(e, 160)
-            log.info("korch: CUDA graph capture failed (%s); running kernel by kernel", line)
+            log.warning("korch: warning: CUDA graph capture failed (%s); running kernel by kernel", line)
             return False
 
     def _run(self, feeds: dict, mark: Callable[[], None] | None = None, steps=None) -> list:
@@ -210,14 +218,12 @@ class Executable:
         return self._run(feeds, steps=self._array_steps)
 
     def caller(self, feeds: dict[str, np.ndarray]) -> Callable[[], list]:
-        """The plan called on these arrays in the values it runs on, the inputs checked (and
-        converted) once here: run_arrays, arrays in and out, where the plan runs on arrays, else
-        run_tensors, tensors in and out. What the bench and optimize's runoff time."""
-        arrays = self.array_feeds((), feeds)
-        if arrays is not None:
-            return lambda: self.run_arrays(arrays)
-        tensors = self.feeds((), feeds)
-        return lambda: self.run_tensors(tensors)
+        """The plan called as its caller calls it, `plan(**values)`, on a CPU with these numpy
+        arrays, on CUDA with tensors already on the device (as the torch peers are called): the
+        inputs checked and converted, and the outputs handed over, in every call. What the bench
+        and optimize's runoff time, so that what they compare is what a caller pays."""
+        values = self.feeds((), feeds) if self._device.type == "cuda" else feeds
+        return lambda: self(**values)
 
     def array_feeds(self, inputs, named) -> dict[str, np.ndarray] | None:
         """The caller's numpy arrays as run_arrays takes them, or None where the plan does not run
@@ -360,3 +366,22 @@ def interleave(
             timed = repeat(functools.partial(elapsed_ms, fn, device), block_s, at_least=WAKE_CALLS + 3)
             samples[name][r] = timed[WAKE_CALLS:]
     return samples
+
+
+def measure_in_place(plan, repeats: int = 5, spread_s: float = 0.0) -> dict:
+    """The plan run as a whole, each kernel timed where it runs: the check on the cost model (the
+    sum of kernels timed alone, warm) that `korch optimize` and `korch explain` report."""
+    exe = plan.executable()
+    feeds = exe.feeds((), plan.random_inputs())
+    # once more when other processes took the CPU (on CUDA, device time: not stretched by them)
+    retries = 0 if plan.device.startswith("cuda") else 1
+    (total, fastest, steps), _, disturbed = busy.quietest(
+        lambda: exe.time_steps(feeds, repeats, spread_s), retries, key=lambda t: t[1]
+    )
+    return {
+        "ms": round(total, 6),
+        "min_ms": round(fastest, 6),
+        "kernels_ms": [round(t, 6) for t in steps],
+        "predicted_over_measured": round(plan.predicted_ms / total, 4) if total else None,
+        "disturbed": disturbed,  # (in every run)
+    }

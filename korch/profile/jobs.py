@@ -22,7 +22,7 @@ from korch.ir.tensors import to_tensor
 from korch.measure import check
 from korch.measure.timing import time_fn
 from korch.measure.tolerance import graph_tolerance
-from korch.profile.workers import compile_threads, environmental
+from korch.profile.workers import compile_threads, environmental, kernel_threads
 from korch.search.kernel import KernelSpec
 
 # ------------------------------------------------------------------ the parent's side: files
@@ -106,7 +106,7 @@ def run_job(job: dict) -> dict:
     try:
         arrays = [load_array(x) for x in job["inputs"]]
         weights = {graph.inputs[i]: arrays[i] for i in job.get("weights", ())}  # the model's constants
-        with compile_threads(job.get("compile_threads")):
+        with compile_threads(job.get("compile_threads")), kernel_threads(job.get("kernel_threads")):
             compiled = compile_with(backend, spec, device, weights)
         compile_s = time.perf_counter() - started
         inputs = [to_tensor(x, device) for x in arrays]

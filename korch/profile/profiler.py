@@ -352,7 +352,15 @@ class Profiler:
         def compiled(job: dict, outcome: dict) -> None:
             if outcome["status"] == "ok":  # checked by the compile worker: the timing worker,
                 # which runs one job at a time for all the others, does not compute the reference again
-                timing.append({**self._job(*self._by_id(job), "time"), "checked": True})
+                # the compile worker's compile is the real one (the timing worker's finds
+                # Inductor's caches warm): it is the compile time recorded
+                timing.append(
+                    {
+                        **self._job(*self._by_id(job), "time"),
+                        "checked": True,
+                        "compiled_s": outcome["compile_s"],
+                    }
+                )
             else:
                 self._record(job, outcome)
 
@@ -404,6 +412,7 @@ class Profiler:
             "weights": [i for i, v in enumerate(spec.inputs) if v in self.graph.constants],
             "phase": phase,
             "min_time": options.min_time,
+            "kernel_threads": torch.get_num_threads(),  # (what the timing worker and the plan run with)
         }
         if runs_alone(spec.key) and phase == "compile":  # the longest compile: all the cores for it
             job["compile_threads"] = os.cpu_count() or 1
@@ -440,6 +449,8 @@ class Profiler:
 
     def _record(self, job: dict, outcome: dict) -> None:
         spec, backend = self.pending.pop((job["key"], job["backend"]))
+        if "compiled_s" in job:
+            outcome = {**outcome, "compile_s": job["compiled_s"]}
         result, failed = self.result, outcome["status"] != "ok"
         self._progress.step(failed)
         prof = self._keep(spec, backend, job, outcome)

@@ -61,6 +61,26 @@ def compile_threads(threads: int | None):
         config.compile_threads = before
 
 
+@contextlib.contextmanager
+def kernel_threads(threads: int | None):
+    """torch's intra-op threads set to `threads` for one compile (None: left as they are). Inductor
+    specializes a CPU kernel on the thread count it is compiled with, and its caches key on it:
+    a compile worker's kernel built for its own share of the cores was compiled again, whole, by
+    the timing worker and by the plan, which run with all of them. Built for theirs, those
+    compiles find it in the cache."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # what allocators and compilers say when memory or disk runs out (torch's CPU and CUDA allocators,
 # ONNX Runtime's arena, a C++ std::bad_alloc, a full disk under Inductor's cache)
 _OUT_OF_ROOM = (

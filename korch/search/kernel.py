@@ -35,6 +35,9 @@ class KernelSpec:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     seed: bool = False  # a whole partition (see korch.pipeline.add_seeds)
+    # positions in graph.inputs of the inputs that are the model's constants (its weights), where
+    # known: a backend that bakes weights in asks which ones it would get (korch.backends.inductor)
+    weights: tuple[int, ...] = ()
 
     @property
     def signature(self) -> str:
@@ -82,7 +85,8 @@ def kernel_spec(graph: Graph, candidate: Candidate) -> KernelSpec:
     )
     # (not verified here: a renamed part of a verified graph, built for every candidate of a
     # model, tens of thousands; tests/search/test_kernel.py verifies what this builds)
-    return KernelSpec(candidate.key, sub, tuple(inputs), candidate.outputs, candidate.seed)
+    weights = tuple(i for i, v in enumerate(inputs) if v in graph.constants)
+    return KernelSpec(candidate.key, sub, tuple(inputs), candidate.outputs, candidate.seed, weights)
 
 
 def kernel_graph_json(graph: Graph, by_reference: Mapping[str, bytes] = MappingProxyType({})) -> dict:

@@ -243,7 +243,8 @@ def test_eager_refuses_fusions_and_is_a_default_on_cuda_only():
     (eager,) = get_backends(["eager"])
     assert "single primitives" in eager.supports(spec, "cpu")
     assert "eager" not in [b.name for b in get_backends(None, "cpu")]
-    assert [b.name for b in get_backends(None, "cuda")] == ["inductor", "vendor", "eager", "onnxruntime"]
+    cuda = ["inductor", "inductor-frozen", "vendor", "eager", "onnxruntime"]
+    assert [b.name for b in get_backends(None, "cuda")] == cuda
 
 
 def test_vendor_takes_linear_with_bias_only():

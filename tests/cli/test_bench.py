@@ -106,3 +106,81 @@ def test_rounds_are_spread_apart(module_and_plan):
     report = bench(plan, ("onnxruntime",), rounds=3, round_pause_s=0.3)
     assert time.perf_counter() - start >= 0.6
     assert report["rounds"] == 3 and report["results"]["korch"]["min_ms"] > 0
+
+
+class ConvRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+@pytest.mark.e2e
+def test_the_freezing_peer_compiles_the_weights_in():
+    """torch-compile-freezing is a compile of its own with the weights as constants: after the
+    module's weights change, the plain compile follows them and the frozen one does not (a peer
+    that reused Dynamo's cached plain compile would follow them too)."""
+    from korch.cli.bench import torch_peer
+
+    torch.manual_seed(0)
+    module, x = ConvRelu().eval(), torch.randn(1, 3, 16, 16)
+    plain, plain_launches = torch_peer("torch-compile", module, [x], "cpu")
+    frozen, frozen_launches = torch_peer("torch-compile-freezing", module, [x], "cpu")
+    before = module(x).detach()
+    with torch.no_grad():
+        module.conv.weight.add_(1.0)
+    after = module(x).detach()
+    torch.testing.assert_close(plain(), after)
+    torch.testing.assert_close(frozen(), before)
+    assert plain_launches >= 1 and frozen_launches >= 1
+
+
+def test_korch_and_openvino_are_checked_against_onnxruntime(module_and_plan):
+    _, plan, _ = module_and_plan
+    report = bench(plan, ("openvino",), rounds=1)
+    assert report["errors_against"] == "onnxruntime"
+    for name in ("korch", "openvino"):
+        assert report["results"][name]["max_rel_err"] <= 1e-4, name
+    assert report["results"]["korch"]["launches"] >= 1
+
+
+def test_ablation_needs_a_model(module_and_plan, capsys):
+    _, _, tmp = module_and_plan
+    assert main(["bench", str(tmp / "plan"), "--ablation", "--json"]) == 2
+    assert "--ablation: only for a model" in json.loads(capsys.readouterr().out)["error"]
+
+
+@pytest.mark.e2e
+def test_ablation_times_korchs_variants_beside_the_plan(tmp_path, capsys):
+    """`korch bench MODEL --ablation`: every variant optimized (sharing the profile database),
+    checked against ONNX Runtime and timed in the same run; the whole-graph variant is one kernel
+    of the whole primitive graph, the greedy one the greedy baseline the main run priced."""
+    from korch.cli.bench import ABLATION
+
+    _, path = attention_onnx(tmp_path)
+    cache = tmp_path / "p.sqlite"
+    args = ["bench", str(path), "--ablation", "--vs", "onnxruntime", "--rounds", "1", "--json", "-q"]
+    args += ["--cache", str(cache), "--time-budget", "20", "--backends", "onnxruntime,inductor"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["ablation"]) == set(ABLATION)
+    assert report["errors_against"] == "onnxruntime"
+    for name, r in {**report["results"], **report["ablation"]}.items():
+        assert r["max_rel_err"] <= 1e-4, name
+        assert 0 < r["min_ms"] <= r["median_ms"], name
+    options = OptimizeOptions(
+        cache=cache, progress=False, time_budget=0.0, backends=("onnxruntime", "inductor")
+    )
+    best = optimize(path, options=options)
+    greedy = optimize(path, options=OptimizeOptions(**{**options.__dict__, "selection": "greedy"}))
+    assert greedy.predicted_ms == pytest.approx(best.meta.greedy_ms)
+    assert len(greedy.kernels) == best.meta.greedy_kernels
+    whole = optimize(path, options=OptimizeOptions(**{**options.__dict__, "selection": "whole-graph"}))
+    assert [k.spec.key.startswith("graph-") for k in whole.kernels] == [True]
+
+
+def test_selection_must_be_known():
+    with pytest.raises(KorchError, match="selection must be one of optimal, greedy, whole-graph"):
+        OptimizeOptions(selection="best")

@@ -172,13 +172,14 @@ def test_opaque_ops_are_listed_and_strict_refuses_them(tmp_path):
 
 
 def test_backends_that_cannot_run_some_primitive_are_refused_before_profiling(small_model, tmp_path):
-    """The vendor backend runs linear primitives only: a ReLU after the convolution has no kernel,
-    whatever the budget (it used to profile, then say "every backend failed on its producer")."""
+    """The vendor backend runs linear primitives (with a bias and an activation epilogue) only: an
+    Exp after the convolution, an epilogue it has no fused call for, has no kernel, whatever the
+    budget (it used to profile, then say "every backend failed on its producer")."""
     model = onnx.load(small_model)
-    relu = helper.make_node("Relu", [model.graph.output[0].name], ["relu"])
-    model.graph.node.append(relu)
-    model.graph.output[0].name = "relu"
-    path = tmp_path / "conv_relu.onnx"
+    exp = helper.make_node("Exp", [model.graph.output[0].name], ["exp"])
+    model.graph.node.append(exp)
+    model.graph.output[0].name = "exp"
+    path = tmp_path / "conv_exp.onnx"
     onnx.save(model, path)
     code, out, err = run_cli(
         "optimize",
@@ -192,7 +193,7 @@ def test_backends_that_cannot_run_some_primitive_are_refused_before_profiling(sm
         "-q",
     )
     assert_one_line_error(
-        code, out, err, match="no backend given can run 1 primitive(s), the first max of Relu"
+        code, out, err, match="no backend given can run 1 primitive(s), the first exp of Exp"
     )
     assert "vendor: not a single linear primitive" in err
     assert not (tmp_path / "plan").exists()

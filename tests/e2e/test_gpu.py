@@ -15,7 +15,8 @@ from korch.cli.bench import bench
 from korch.ir import tensors
 from korch.measure.device import hold_device, timing_events
 from korch.measure.timing import time_fn
-from korch.pipeline import OptimizeOptions, measure_in_place, optimize
+from korch.pipeline import OptimizeOptions, optimize
+from korch.plan.runtime import measure_in_place
 from korch.profile.jobs import check_kernel
 
 pytestmark = [
@@ -93,13 +94,37 @@ def test_cuda_plan_verifies_and_runs_beside_cuda_graph_peers(attention_plan):
     # Inductor (Triton) and vendor kernels replay as one CUDA graph; outputs are copied out
     x1, x2 = torch.randn(2, 8, 16), torch.randn(2, 8, 16)
     y1, y2 = plan(x1.cuda())[0], plan(x2.cuda())[0]
-    assert plan.executable()._cuda_graph, "the plan was not captured as a CUDA graph"
+    assert plan.executable().captured, "the plan was not captured as a CUDA graph"
     with torch.no_grad():
         torch.testing.assert_close(y1.cpu(), module(x1), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(y2.cpu(), module(x2), rtol=1e-4, atol=1e-4)
-    report = bench(plan, ("eager", "torch-compile", "torch-compile-cudagraphs"), rounds=2, module=module)
-    for peer in ("eager", "torch-compile", "torch-compile-cudagraphs"):
+    peers = ("eager", "torch-compile", "torch-compile-cudagraphs", "torch-compile-cudagraphs-freezing")
+    report = bench(plan, peers, rounds=2, module=module)
+    for peer in peers:
         assert report["results"][peer]["max_rel_err"] <= 1e-3
+    assert report["results"]["korch"]["cuda_graph"] is True
+
+
+def test_a_plan_that_cannot_be_captured_says_so(attention_plan, caplog):
+    """A kernel that synchronizes cannot be captured in a CUDA graph: the plan runs kernel by
+    kernel, still correct, and says so (a warning; Executable.captured False; bench's
+    "cuda_graph" False and its table's note), never compared as if it were captured."""
+    plan, module = attention_plan
+    exe = plan.executable()
+    fn, *rest = exe.steps[0]
+
+    def synchronizing(*inputs):
+        torch.cuda.synchronize()  # (not allowed while a stream is being captured)
+        return fn(*inputs)
+
+    exe.steps[0] = (synchronizing, *rest)
+    x = torch.randn(2, 8, 16)
+    with caplog.at_level("WARNING", logger="korch"):
+        y = exe(x.cuda())[0]
+    assert exe.captured is False
+    assert "CUDA graph capture failed" in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(y.cpu(), module(x), rtol=1e-4, atol=1e-4)
 
 
 def test_the_held_stream_spins_about_as_long_as_asked():

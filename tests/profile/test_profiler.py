@@ -341,3 +341,36 @@ def test_a_job_asked_for_twice_is_measured_once(tmp_path):
         jobs = p.queue()[:3]
         p.measure([*jobs, *jobs], None)
     assert p.result.profiled == 3 and p.result.failed == 0
+
+
+def test_the_compile_time_recorded_is_the_compile_workers(tmp_path, monkeypatch):
+    """A kernel is compiled by a compile worker, then again by the timing worker, which finds
+    the compiler's caches warm: the database keeps the first, real, compile time."""
+    from faulty_backends import SlowFirstBackend
+
+    monkeypatch.setenv("KORCH_TEST_COMPILED_DIR", str(tmp_path))
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=1))
+    cands.candidates = cands.candidates[:2]
+    opts = ProfileOptions(min_time=0.002, progress=False, jobs=1)
+    result = profile(graph, cands, [SlowFirstBackend()], ProfileDB(tmp_path / "p.sqlite"), opts)
+    for key in {c.key for c in cands.candidates}:
+        prof = result.profiles[key]["slow-first"]
+        assert prof.status == "ok" and prof.compile_s >= 1.0, key
+
+
+def test_kernels_compile_for_the_threads_they_run_with(tmp_path, monkeypatch):
+    """Inductor specializes a CPU kernel on torch's thread count and keys its caches on it: a
+    compile worker (its share of the cores) compiles with the threads the timing worker and the
+    plan run with, so their compiles of the same kernel find it in the cache."""
+    from faulty_backends import KernelThreadsBackend
+
+    log = tmp_path / "threads.log"
+    monkeypatch.setenv("KORCH_TEST_THREADS_LOG", str(log))
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=2))
+    opts = ProfileOptions(min_time=0.002, progress=False, jobs=2)
+    profile(graph, cands, [KernelThreadsBackend()], ProfileDB(tmp_path / "p.sqlite"), opts)
+    threads = [int(line.split()[1]) for line in log.read_text().splitlines()]
+    assert len(threads) >= 2 * len({c.key for c in cands.candidates})  # compile and timing workers
+    assert set(threads) == {torch.get_num_threads()}
