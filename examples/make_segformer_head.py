@@ -9,10 +9,10 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from korch.cli.zoo import _randomize_norms
+from korch.cli.zoo.attention import decode_head
 
 DIMS = (32, 64, 160, 256)  # MiT-b0's stage widths
 SIZES = (32, 16, 8, 4)  # their resolutions for a 128x128 image
@@ -28,13 +28,7 @@ class SegformerHead(nn.Module):
         self.classify = nn.Conv2d(decoder, classes, 1)
 
     def forward(self, *feats):
-        size = feats[0].shape[2:]
-        ups = []
-        for f, mlp in zip(feats, self.mlps):
-            b, c, h, w = f.shape
-            y = mlp(f.flatten(2).transpose(1, 2)).transpose(1, 2).reshape(b, -1, h, w)
-            ups.append(F.interpolate(y, size=size, mode="bilinear", align_corners=False))
-        return self.classify(self.fuse(torch.cat(ups[::-1], 1)))
+        return decode_head(feats, self.mlps, self.fuse, self.classify)
 
 
 def main() -> None:

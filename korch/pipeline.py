@@ -325,8 +325,7 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
         return plan
 
     if options.selection != "optimal":
-        solution = _ablated(graph, found, profiles, solution, baseline, make_plan, options.selection)
-        plan = make_plan(solution)
+        plan, solution = _ablated(graph, found, profiles, solution, baseline, make_plan, options.selection)
     elif options.measure:
         plan, solution = _refine(graph, found, profiles, solution, make_plan, options)
     else:
@@ -338,21 +337,21 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     return plan
 
 
-def _ablated(graph, found, profiles, solution, baseline, make_plan, selection: str) -> Solution:
+def _ablated(graph, found, profiles, solution, baseline, make_plan, selection: str) -> tuple[Plan, Solution]:
     """The plan an ablation asks for instead of the optimum: the greedy baseline, or the whole
     primitive graph as one kernel (each backend's plan measured in place, the fastest by minima)."""
     if selection == "greedy":
         if baseline is None:
             raise KorchError("no greedy plan: some primitive has no profiled kernel of its own")
-        return baseline
-    wholes = [s for s in _whole_graph_solutions(graph, found, profiles, solution) if not _source_key(s)]
+        return make_plan(baseline), baseline
+    wholes = [
+        (make_plan(s), s)
+        for s in _whole_graph_solutions(graph, found, profiles, solution)
+        if s.chosen[0].candidate.key.startswith(WHOLE_GRAPH_PREFIX)  # (not the source model)
+    ]
     if not wholes:
         raise KorchError("no backend compiled the whole primitive graph as one kernel")
-    return min(wholes, key=lambda s: measure_in_place(make_plan(s))["min_ms"])
-
-
-def _source_key(solution: Solution) -> bool:
-    return solution.chosen[0].candidate.key.startswith(SOURCE_MODEL_PREFIX)
+    return min(wholes, key=lambda pair: measure_in_place(pair[0])["min_ms"])
 
 
 def _candidates(

@@ -146,9 +146,12 @@ def _agreement(want: list[np.ndarray], got) -> float:
     return max((rel_err(g.reshape(w.shape), w) for g, w in zip(got, want)), default=0.0)
 
 
-def _oracle(plan: Plan, feeds: dict[str, np.ndarray], korch_outputs: list[np.ndarray]):
+def _oracle(plan: Plan, feeds: dict[str, np.ndarray], systems: dict[str, Callable]):
     """The outputs every system is checked against, and whose they are: ONNX Runtime's on the
-    source model where it runs it (as `korch verify` checks), else korch's own."""
+    source model where it runs it (as `korch verify` checks; the onnxruntime peer's, when it is
+    one), else korch's own."""
+    if "onnxruntime" in systems:
+        return _flatten(systems["onnxruntime"]()), "onnxruntime"
     if plan.model is not None:
         import onnxruntime as ort
 
@@ -157,7 +160,7 @@ def _oracle(plan: Plan, feeds: dict[str, np.ndarray], korch_outputs: list[np.nda
             return _flatten(sess.run(None, feeds)), "onnxruntime"
         except Exception:  # (a bfloat16 model on a CPU: no kernels for it there)
             pass
-    return korch_outputs, "korch"
+    return _flatten(systems["korch"]()), "korch"
 
 
 def _systems(plan: Plan, peers, module, feeds, variants) -> tuple[dict[str, Callable], dict[str, dict]]:
@@ -239,7 +242,7 @@ def bench(
         module = zoo_module(plan)
     feeds = plan.random_inputs(seed)
     systems, facts = _systems(plan, peers, module, feeds, variants)
-    want, against = _oracle(plan, feeds, _flatten(systems["korch"]()))
+    want, against = _oracle(plan, feeds, systems)
     for name, fn in systems.items():
         facts[name]["max_rel_err"] = _agreement(want, fn())
         for _ in range(warmup):

@@ -409,7 +409,7 @@ class Profiler:
             "spec": kernel_graph_json(spec.graph, s.blob_data.get(spec.key, {})),
             "device": options.device,
             "inputs": [s.values[v] for v in spec.inputs] if inputs is None else inputs,
-            "weights": [i for i, v in enumerate(spec.inputs) if v in self.graph.constants],
+            "weights": list(spec.weights),
             "phase": phase,
             "min_time": options.min_time,
             "kernel_threads": torch.get_num_threads(),  # (what the timing worker and the plan run with)

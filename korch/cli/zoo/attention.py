@@ -182,13 +182,20 @@ class Segformer(nn.Module):
                 x = blk(x, (h, w))
             x = norm(x).reshape(b, h, w, c).permute(0, 3, 1, 2)
             feats.append(x)
-        size = feats[0].shape[2:]
-        ups = []
-        for f, mlp in zip(feats, self.mlps):
-            b, c, h, w = f.shape
-            y = mlp(f.flatten(2).transpose(1, 2)).transpose(1, 2).reshape(b, -1, h, w)
-            ups.append(F.interpolate(y, size=size, mode="bilinear", align_corners=False))
-        return self.classify(self.fuse(torch.cat(ups[::-1], 1)))
+        return decode_head(feats, self.mlps, self.fuse, self.classify)
+
+
+def decode_head(feats, mlps, fuse, classify):
+    """Segformer's all-MLP decode head: each stage's features through its linear layer, resized
+    to the first stage's size, concatenated (last stage first) and fused by `fuse`, then classified
+    (examples/make_segformer_head.py exports this head alone)."""
+    size = feats[0].shape[2:]
+    ups = []
+    for f, mlp in zip(feats, mlps):
+        b, c, h, w = f.shape
+        y = mlp(f.flatten(2).transpose(1, 2)).transpose(1, 2).reshape(b, -1, h, w)
+        ups.append(F.interpolate(y, size=size, mode="bilinear", align_corners=False))
+    return classify(fuse(torch.cat(ups[::-1], 1)))
 
 
 # --------------------------------------------------------------------------------- EfficientViT-B1
