@@ -8,7 +8,6 @@ import logging
 import math
 import numbers
 import os
-import statistics
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -18,22 +17,23 @@ from types import MappingProxyType
 import onnx
 
 from korch.backends import get_backends
-from korch.config import IN_PLACE_FLOOR, PRIORITY_SHARE, RUNOFF, RUNOFF_ROUNDS, WHOLE_GRAPH_REACH
-from korch.errors import KorchError, first_line
+from korch.config import PRIORITY_SHARE
+from korch.errors import KorchError
 from korch.frontend import FissionResult, import_onnx
 from korch.ir.graph import Graph, Node
 from korch.ir.prims import Prim
 from korch.measure import check
 from korch.measure.device import device_name
 from korch.measure.roofline import half_matmuls, measure_ceilings
-from korch.measure.timing import consistently_faster, rounds_faster
 from korch.orchestrate.alternatives import rejected_alternatives
 from korch.orchestrate.solve_measure import SearchReport, certify, least_calls, search_profiler
-from korch.orchestrate.solver import Choice, Solution, greedy, solve
+from korch.orchestrate.solver import Solution, greedy, solve
 from korch.plan.meta import PlanMeta, built_with
-from korch.plan.plan import Plan, build_plan, decided_by, is_source_model
-from korch.plan.runtime import interleave, measure_in_place
+from korch.plan.plan import Plan, build_plan, decided_by
+from korch.plan.refine import Settings, alone, refine, whole_graph_solutions
+from korch.plan.runtime import measure_in_place
 from korch.profile.database import ProfileDB
+from korch.profile.plan_timing import PlanTimings
 from korch.profile.profiler import ProfileOptions, Profiler, ProfileResult, essential, spread_s
 from korch.profile.rewrite_timing import RewriteTimer
 from korch.rewrite import rewrite
@@ -257,13 +257,8 @@ def _prefer_whole_graph(found: CandidateSet, solution: Solution, cost) -> Soluti
     for whole in (c for c in found.candidates if c.partition == WHOLE_GRAPH):
         ms, backend = cost(whole.key)
         if ms < best.objective_ms:
-            best = _alone(solution, whole, backend, ms)
+            best = alone(solution, whole, backend, ms)
     return best
-
-
-def _alone(like: Solution, cand: Candidate, backend: str, ms: float) -> Solution:
-    """`like` (its solver status and statistics) with `cand` as the whole plan."""
-    return dataclasses.replace(like, chosen=[Choice(cand, backend, ms)], objective_ms=ms)
 
 
 def optimize(
@@ -285,18 +280,24 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     backends = get_backends(list(options.backends) if options.backends else None, options.device)
     db = ProfileDB(options.cache)
     try:
-        timer = RewriteTimer(options.device, db)
-        graph, rewrites = rewrite(fission.graph, timer) if options.rewrite else (fission.graph, [])
-        found, seeds, specs = _candidates(graph, fission, backends, options)
-        _say(
-            options,
-            f"{len(graph.nodes)} primitives ({len(rewrites)} rewrites), {len(found.candidates)} "
-            f"candidates ({time.perf_counter() - started:.1f}s)",
-        )
-        ceilings = dict(measure_ceilings(options.device, half_matmuls(graph)))
-        profiles, report = _profile(graph, found, backends, db, specs, ceilings, options)
+        return _optimize(fission, options, backends, db, started)
     finally:
         db.close()
+
+
+def _optimize(
+    fission: FissionResult, options: OptimizeOptions, backends, db: ProfileDB, started: float
+) -> Plan:
+    timer = RewriteTimer(options.device, db)
+    graph, rewrites = rewrite(fission.graph, timer) if options.rewrite else (fission.graph, [])
+    found, seeds, specs = _candidates(graph, fission, backends, options)
+    _say(
+        options,
+        f"{len(graph.nodes)} primitives ({len(rewrites)} rewrites), {len(found.candidates)} "
+        f"candidates ({time.perf_counter() - started:.1f}s)",
+    )
+    ceilings = dict(measure_ceilings(options.device, half_matmuls(graph)))
+    profiles, report = _profile(graph, found, backends, db, specs, ceilings, options)
     solution, baseline = _select(graph, found, profiles.cost, options.solver_time_limit, profiles)
     certify(report, solution.objective_ms)  # the optimum over measured costs, before refining
     meta = PlanMeta(
@@ -327,7 +328,20 @@ def optimize_fission(fission: FissionResult, options: OptimizeOptions, started: 
     if options.selection != "optimal":
         plan, solution = _ablated(graph, found, profiles, solution, baseline, make_plan, options.selection)
     elif options.measure:
-        plan, solution = _refine(graph, found, profiles, solution, make_plan, options)
+        timings = PlanTimings(db, graph, meta.versions, meta.device_name)
+        settings = Settings(
+            options.refine_rounds,
+            spread_s(options.min_time, options.time_budget),
+            options.min_time,
+            lambda message: _say(options, message),
+        )
+
+        def resolve(cost) -> Solution:
+            return _select(graph, found, cost, options.solver_time_limit)[0]
+
+        plan, solution = refine(
+            graph, found.candidates, profiles, solution, make_plan, resolve, timings, settings
+        )
     else:
         plan = make_plan(solution)
     plan.meta.alternatives = rejected_alternatives(solution, found.candidates, profiles)
@@ -346,7 +360,7 @@ def _ablated(graph, found, profiles, solution, baseline, make_plan, selection: s
         return make_plan(baseline), baseline
     wholes = [
         (make_plan(s), s)
-        for s in _whole_graph_solutions(graph, found, profiles, solution)
+        for s in whole_graph_solutions(graph, found.candidates, profiles, solution)
         if s.chosen[0].candidate.key.startswith(WHOLE_GRAPH_PREFIX)  # (not the source model)
     ]
     if not wholes:
@@ -429,157 +443,6 @@ def _cover_selection(profiler: Profiler, selection: str) -> None:
     inductor = [job for job in singles if job[1].name.startswith("inductor")]
     profiler.measure([job for job in singles if not job[1].name.startswith("inductor")], None)
     profiler.measure([job for job in inductor if not profiler.ran(job[0].key)], None)
-
-
-def extra_per_kernel(timed: list[tuple[str, float, float]]) -> dict[str, float]:
-    """backend -> what running inside a plan adds to each of its kernels, from one plan's
-    (backend, ms alone, ms in place): the median difference, over two kernels or more. It may be
-    negative: a kernel that finds its inputs in the cache its neighbour just wrote runs faster
-    in place than timed alone, and is priced so. One kernel's difference is a whole model's
-    noise, not a per-kernel cost: taken as one it would reprice every other kernel of its
-    backend by a whole model's noise."""
-    deltas: dict[str, list[float]] = {}
-    for backend, alone, in_place in timed:
-        deltas.setdefault(backend, []).append(in_place - alone)
-    return {b: statistics.median(d) for b, d in deltas.items() if len(d) > 1}
-
-
-def _refine(graph: Graph, found: CandidateSet, profiles, solution: Solution, make_plan, options):
-    """Kernels timed alone run faster than inside the plan (warm caches, thread pools left awake by
-    the previous call, no runtime bookkeeping), so each plan is measured in place: those timings
-    replace the isolated ones for its kernels, every other kernel of a backend is charged that
-    backend's median extra time per call, and the program is solved again. The plan measured
-    fastest wins."""
-    in_place: dict[tuple[str, str], float] = {}
-    spread = spread_s(options.min_time, options.time_budget)
-    extra: dict[str, float] = {}  # backend -> median (in place - alone) per kernel
-
-    def adjusted(key: str, backend: str, ms: float) -> float:
-        return in_place.get((key, backend), max(ms + extra.get(backend, 0.0), ms * IN_PLACE_FLOOR))
-
-    def cost(key: str) -> tuple[float, str | None]:
-        return profiles.cost(key, adjusted)
-
-    def calibrate(plan: Plan) -> None:
-        timed = []
-        for k, ms in zip(plan.kernels, plan.meta.measured["kernels_ms"]):
-            in_place[(k.spec.key, k.backend)] = ms
-            alone = profiles.profiles.get(k.spec.key, {}).get(k.backend)
-            if alone is not None and alone.cost_ms < math.inf:
-                timed.append((k.backend, alone.cost_ms, ms))
-        extra.update(extra_per_kernel(timed))
-
-    best, seen, measured_plans = None, set(), []
-
-    def chosen(solution: Solution) -> frozenset:
-        return frozenset((c.candidate.key, c.backend) for c in solution.chosen)
-
-    def measure(solution: Solution, calibrating: bool = True) -> None:
-        nonlocal best
-        seen.add(chosen(solution))
-        plan = make_plan(solution)
-        measured = plan.meta.measured = measure_in_place(plan, spread_s=spread)
-        if not _priced_alone(solution, profiles):  # (by in-place timings: the prediction checks nothing)
-            measured["predicted_over_measured"] = None
-        measured_plans.append((plan, solution))
-        _say(
-            options,
-            f"plan {len(measured_plans)} measured in place: {len(plan.kernels)} kernels, "
-            f"{measured['ms']:.3f} ms (predicted {plan.predicted_ms:.3f})"
-            + (", other processes kept the CPU busy" if measured["disturbed"] else ""),
-        )
-        # minima: a shared machine's interference inflates medians of a few runs, never minima
-        if best is None or measured["min_ms"] < best[0].meta.measured["min_ms"]:
-            best = (plan, solution)
-        if calibrating:
-            calibrate(plan)
-
-    for _ in range(1 + options.refine_rounds):
-        if chosen(solution) in seen:
-            break
-        measure(solution)
-        solution, _ = _select(graph, found, cost, options.solver_time_limit)
-    # the plans of one whole-graph kernel (the source model in ONNX Runtime, the whole primitive
-    # graph in each backend that ran it) are always measured too: an isolated timing disturbed by
-    # a neighbour when it was profiled (the database keeps it) must not hide them. A neighbour
-    # about doubles a timing: one isolated at WHOLE_GRAPH_REACH times the best measured is hopeless.
-    for whole in _whole_graph_solutions(graph, found, profiles, solution):
-        reach = WHOLE_GRAPH_REACH * best[0].meta.measured["min_ms"]
-        if chosen(whole) in seen or whole.objective_ms > reach:
-            continue
-        try:  # no re-solve follows, and its timing is a whole model
-            measure(whole, calibrating=False)
-        except Exception as e:  # built and run here, not in a worker: out of memory, say
-            log.warning("korch: a whole-graph plan could not be measured in place (%s)", first_line(e, 160))
-    best, runoff = _runoff(best, measured_plans, spread, options)
-    best[0].meta.refine = [
-        {
-            "kernels": len(plan.kernels),
-            "predicted_ms": plan.predicted_ms,
-            "measured_ms": plan.meta.measured["ms"],
-            "min_ms": plan.meta.measured["min_ms"],
-        }
-        for plan, _ in measured_plans
-    ]
-    best[0].meta.runoff = runoff
-    best[0].meta.extra_ms_per_kernel = {b: round(v, 6) for b, v in extra.items()}
-    return best
-
-
-def _priced_alone(solution: Solution, profiles) -> bool:
-    """Whether every chosen kernel is priced by its isolated timing."""
-    alone = profiles.profiles
-    return all(
-        c.backend in alone.get(c.candidate.key, {}) and c.cost_ms == alone[c.candidate.key][c.backend].cost_ms
-        for c in solution.chosen
-    )
-
-
-def _runoff(best, measured: list, spread_s: float, options: OptimizeOptions | None = None):
-    """Plans measured at different moments were compared by numbers a neighbour's burst may have
-    doubled: the fastest and those within RUNOFF of it run again side by side (runtime.interleave:
-    alternating blocks, a pause between them for the previous plan's spinning thread pools to go
-    idle), RUNOFF_ROUNDS rounds spread over spread_s, and the lowest median wins, except over the
-    source model run whole: that plan is what ONNX Runtime would run anyway, and another replaces
-    it only when consistently faster (korch.measure.timing.consistently_faster), not by a margin the
-    machine's noise makes (two copies of one ONNX Runtime session differ by 2-4% side by side).
-    (best, what the runoff measured or None)."""
-    limit = RUNOFF * best[0].meta.measured["min_ms"]
-    close = [m for m in measured if m[0].meta.measured["min_ms"] <= limit]
-    if len(close) < 2:
-        return best, None
-    _say(options, f"{len(close)} plans within {RUNOFF - 1:.0%} of the fastest run again side by side")
-    calls = {}
-    for i, (plan, _) in enumerate(close):
-        calls[i] = plan.executable().caller(plan.random_inputs())
-    pause = spread_s / RUNOFF_ROUNDS
-    # blocks of at least min_time each (and 4 calls): a sub-millisecond plan gets tens of samples
-    block_s = options.min_time if options is not None else OptimizeOptions.min_time
-    rounds = interleave(calls, RUNOFF_ROUNDS, block_s, close[0][0].device, round_pause_s=pause)
-    medians = [statistics.median(ms for r in rounds[i] for ms in r) for i in range(len(close))]
-    winner = medians.index(min(medians))
-    first = [round(p.meta.measured["min_ms"], 6) for p, _ in close]
-    report = {"min_ms": first, "medians_ms": [round(m, 6) for m in medians]}
-    source = next((i for i, (plan, _) in enumerate(close) if is_source_model(plan)), None)
-    if source is not None and winner != source:
-        report["rounds_faster_than_source_model"] = rounds_faster(rounds[winner], rounds[source])
-        if not consistently_faster(rounds[winner], rounds[source]):
-            _say(options, "no plan ran consistently faster than the source model: it is kept")
-            winner = source
-    report["winner"] = winner
-    return close[winner], report
-
-
-def _whole_graph_solutions(graph: Graph, found: CandidateSet, profiles, like: Solution) -> list[Solution]:
-    """The plans of one whole-graph kernel in one backend each (every pair that ran), cheapest on
-    paper first, for measuring beside the optimum."""
-    plans = []
-    for cand in found.candidates:
-        if len(cand.nodes) == len(graph.nodes):
-            for backend, prof in profiles.profiles.get(cand.key, {}).items():
-                if prof.cost_ms < math.inf:
-                    plans.append(_alone(like, cand, backend, prof.cost_ms))
-    return sorted(plans, key=lambda p: p.objective_ms)
 
 
 def _say(options: OptimizeOptions | None, message: str) -> None:

@@ -47,6 +47,22 @@ CREATE TABLE IF NOT EXISTS rewrite_timings (
     PRIMARY KEY (key, version, device)
 )
 """
+# a plan measured in place, or a runoff between plans (korch.profile.plan_timing): what
+# korch.plan.refine decided by, so a later optimize on the same prices decides the same without
+# compiling and running the plans again
+PLAN_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plan_timings (
+    key TEXT NOT NULL,
+    version TEXT NOT NULL,
+    device TEXT NOT NULL,
+    ms REAL NOT NULL,
+    min_ms REAL NOT NULL,
+    detail TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (key, version, device)
+)
+"""
+SCHEMAS = (SCHEMA, REWRITE_SCHEMA, PLAN_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,7 @@ def default_path() -> Path:
 _NUMBERS = {
     "profiles": ("median_ms", "min_ms", "max_ms", "kernels", "compile_s", "env_failures"),
     "rewrite_timings": ("before_ms", "after_ms"),
+    "plan_timings": ("ms", "min_ms"),
 }
 # an older korch's failures that were the machine's, by the reasons it wrote: a migrated database
 # profiles them again
@@ -95,8 +112,8 @@ def _columns(table: str) -> tuple[str, ...]:
     """The columns of korch's TABLE, in order."""
     conn = sqlite3.connect(":memory:")
     try:
-        conn.execute(SCHEMA)
-        conn.execute(REWRITE_SCHEMA)
+        for schema in SCHEMAS:
+            conn.execute(schema)
         return _table_columns(conn, table)
     finally:
         conn.close()
@@ -270,8 +287,8 @@ class ProfileDB:
             self.conn.execute("RELEASE probe")
             if "profiles" in tables and "env_failures" not in tables["profiles"]:
                 self._count_environmental_failures()
-            self.conn.execute(SCHEMA)
-            self.conn.execute(REWRITE_SCHEMA)  # an older korch database gains it here
+            for schema in SCHEMAS:  # an older korch database gains the tables it lacks here
+                self.conn.execute(schema)
             self.conn.execute("COMMIT")
         except BaseException:
             if self.conn.in_transaction:  # (SQLite ends it itself after some errors: a full disk)
@@ -356,6 +373,28 @@ class ProfileDB:
         self.conn.execute(
             "INSERT OR REPLACE INTO rewrite_timings VALUES (?,?,?,?,?,?)",
             (key, version, device, before_ms, after_ms, time.time()),
+        )
+
+    @_one_line
+    def plan_timing(self, key: str, version: str, device: str) -> dict | None:
+        """What a plan or a runoff measured (korch.profile.plan_timing), if kept and readable."""
+        row = self.conn.execute(
+            "SELECT detail FROM plan_timings WHERE key=? AND version=? AND device=?",
+            (key, version, device),
+        ).fetchone()
+        try:
+            detail = None if row is None else json.loads(row[0])
+        except ValueError:  # damaged: measured again, and replaced
+            return None
+        return detail if isinstance(detail, dict) else None
+
+    @_one_line
+    def store_plan_timing(
+        self, key: str, version: str, device: str, ms: float, min_ms: float, detail: dict
+    ) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO plan_timings VALUES (?,?,?,?,?,?,?)",
+            (key, version, device, ms, min_ms, json.dumps(detail), time.time()),
         )
 
     @_one_line

@@ -506,8 +506,8 @@ def test_plans_measured_close_run_again_side_by_side_and_the_faster_wins(model_p
     the slower look 10% faster. Within RUNOFF of each other they run again in turn, and the one
     that is faster now wins; plans far apart are not run again."""
     from korch.orchestrate.solver import Choice, Solution
-    from korch.pipeline import _runoff
     from korch.plan.plan import build_plan
+    from korch.plan.refine import Settings, runoff
     from korch.plan.runtime import measure_in_place
     from korch.search.candidates import make_candidate
 
@@ -518,11 +518,11 @@ def test_plans_measured_close_run_again_side_by_side_and_the_faster_wins(model_p
     slow.meta.measured = measure_in_place(slow)
     fast.meta.measured = {**fast.meta.measured, "min_ms": 1.1 * slow.meta.measured["min_ms"]}
     contenders = [(fast, "fast"), (slow, "slow")]
-    (winner, name), runoff = _runoff((slow, "slow"), contenders, 0.1)
+    (winner, name), report = runoff((slow, "slow"), contenders, Settings(spread_s=0.1))
     assert name == "fast" and winner is fast
-    assert runoff["medians_ms"][0] < runoff["medians_ms"][1] and len(runoff["min_ms"]) == 2
+    assert report["medians_ms"][0] < report["medians_ms"][1] and len(report["min_ms"]) == 2
     fast.meta.measured["min_ms"] = 2 * slow.meta.measured["min_ms"]
-    assert _runoff((slow, "slow"), contenders, 0.1) == ((slow, "slow"), None)
+    assert runoff((slow, "slow"), contenders, Settings(spread_s=0.1)) == ((slow, "slow"), None)
 
 
 @pytest.mark.parametrize("rounds", [1, 5, 8, 12])
@@ -551,10 +551,10 @@ def test_the_runoff_keeps_the_source_model_unless_another_plan_is_consistently_f
     the lower median alone would replace the source model (what ONNX Runtime runs anyway) by a
     plan no faster. Here the other plan has the lower median overall but is faster in `wins` of 8
     rounds: 5 is chance, and the source model stays; 8 is not."""
-    import korch.pipeline as pipeline
+    import korch.plan.refine as refine
     from korch.config import RUNOFF_ROUNDS
     from korch.orchestrate.solver import Choice, Solution
-    from korch.pipeline import _runoff, original_model_seed
+    from korch.pipeline import original_model_seed
     from korch.plan.plan import build_plan, is_source_model
     from korch.search.candidates import make_candidate
 
@@ -570,19 +570,19 @@ def test_the_runoff_keeps_the_source_model_unless_another_plan_is_consistently_f
         plan.meta.measured = {"min_ms": 1.0}
     # the other plan: 0.5 ms in its winning rounds, 1.01 in the rest; the source model 1.0 throughout
     timed = {0: [[0.5]] * wins + [[1.01]] * (RUNOFF_ROUNDS - wins), 1: [[1.0]] * RUNOFF_ROUNDS}
-    monkeypatch.setattr(pipeline, "interleave", lambda calls, *a, **k: {i: timed[i] for i in calls})
-    (winner, _), report = _runoff((source, "source"), [(other, "other"), (source, "source")], 0.0)
+    monkeypatch.setattr(refine, "interleave", lambda calls, *a, **k: {i: timed[i] for i in calls})
+    (winner, _), report = refine.runoff((source, "source"), [(other, "other"), (source, "source")])
     assert report["medians_ms"][0] < report["medians_ms"][1]
     assert report["rounds_faster_than_source_model"] == (wins, RUNOFF_ROUNDS)
     assert winner is (other if wins == 8 else source)
 
 
 def test_in_place_calibration_takes_no_per_kernel_cost_from_one_kernel_and_may_lower_a_cost():
-    """What running inside a plan adds to each kernel (korch.pipeline.extra_per_kernel): one
+    """What running inside a plan adds to each kernel (korch.plan.refine.extra_per_kernel): one
     whole-graph kernel 0.26 ms faster in place once priced every other ONNX Runtime kernel 0.26 ms
     cheaper (down to nothing), and a 305-kernel plan was predicted at 0.84 ms; it ran in 57. Kernels
     that run faster in place than alone are priced lower (the median difference, negative)."""
-    from korch.pipeline import extra_per_kernel
+    from korch.plan.refine import extra_per_kernel
 
     assert extra_per_kernel([("onnxruntime", 7.212, 6.951)]) == {}
     assert extra_per_kernel([("onnxruntime", 7.212, 7.951)]) == {}
@@ -591,3 +591,32 @@ def test_in_place_calibration_takes_no_per_kernel_cost_from_one_kernel_and_may_l
     slower = [("vendor", 0.10, 0.13), ("vendor", 0.20, 0.22), ("vendor", 0.05, 0.10)]
     slower.append(("onnxruntime", 1.0, 0.5))  # one kernel of its backend: nothing for onnxruntime
     assert extra_per_kernel(slower) == {"vendor": pytest.approx(0.03)}
+
+
+def test_a_warm_run_decides_as_the_first_did_without_compiling_or_running_a_plan(
+    model_path, tmp_path, monkeypatch
+):
+    """Every price in the database, --time-budget 0: the plans' in-place measurements and the
+    runoff come from the database (korch.profile.plan_timing), so the warm run makes the first
+    run's plan without building any plan's kernels, and with a new database it measures again."""
+    import korch.plan.refine as refine
+
+    options = OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST)
+    first = optimize(model_path, options=options)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a plan was measured again")
+
+    monkeypatch.setattr(refine, "measure_in_place", refused)
+    monkeypatch.setattr(refine, "_run_off", refused)
+    monkeypatch.setattr(Plan, "executable", refused)
+    warm = optimize(model_path, options=dataclasses.replace(options, time_budget=0))
+    assert warm.meta.profiling["profiled"] == 0
+    assert [(k.spec.key, k.backend) for k in warm.kernels] == [(k.spec.key, k.backend) for k in first.kernels]
+    assert warm.meta.measured == first.meta.measured and warm.meta.runoff == first.meta.runoff
+    assert warm.meta.refine == first.meta.refine
+    monkeypatch.undo()
+    assert warm.verify() <= 1e-4
+    with pytest.raises(AssertionError, match="measured again"):
+        monkeypatch.setattr(refine, "measure_in_place", refused)
+        optimize(model_path, options=dataclasses.replace(options, cache=tmp_path / "new.sqlite"))
