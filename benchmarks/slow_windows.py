@@ -1,6 +1,7 @@
-"""ONNX Runtime alone in one process, timed in short windows beside two probes of the machine: a
-single-threaded Python loop and ten 384x384 torch matmuls on the same threads. Shows whether a
-slow stretch of ONNX Runtime is the machine's (the probes slow too) or its own (they do not).
+"""ONNX Runtime alone in one process, timed in short windows beside three probes of the machine: a
+single-threaded Python loop (the core), ten 384x384 torch matmuls on the same threads (cache-resident
+compute) and a 64 MiB copy (memory bandwidth). Shows whether a slow stretch of ONNX Runtime is the
+machine's (a probe slows with it) or its own (none does).
 
     python benchmarks/slow_windows.py [ZOO_MODEL] [--seconds S] [--threads N] [--dir ZOO]
 """
@@ -39,21 +40,25 @@ def main() -> None:
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     torch.set_num_threads(args.threads)
     a, b = torch.randn(384, 384), torch.randn(384, 384)
+    src = torch.ones(16 * 2**20)
+    dst = torch.empty_like(src)
     rows, start = [], time.perf_counter()
     while time.perf_counter() - start < args.seconds:
         calls = [ms(lambda: session.run(None, feeds)) for _ in range(8)]
         loop = min(ms(lambda: sum(range(300_000))) for _ in range(2))
         mm = min(ms(lambda: [torch.mm(a, b) for _ in range(10)]) for _ in range(2))
-        rows.append((time.perf_counter() - start, statistics.median(calls), loop, mm))
+        copy = min(ms(lambda: dst.copy_(src)) for _ in range(2))
+        rows.append((time.perf_counter() - start, statistics.median(calls), loop, mm, copy))
         time.sleep(0.2)
     fast = min(r[1] for r in rows)
     print(f"{args.model}, ONNX Runtime {ort.__version__}, {args.threads} threads; ms per window")
-    print("   t s   ort median   1-thread loop   10 matmuls")
-    for t, call, loop, mm in rows:
-        print(f"{t:6.1f} {call:10.2f}{'*' if call > 1.5 * fast else ' '} {loop:14.2f} {mm:12.2f}")
+    print("   t s   ort median   1-thread loop   10 matmuls   64 MiB copy")
+    for t, call, loop, mm, copy in rows:
+        mark = "*" if call > 1.5 * fast else " "
+        print(f"{t:6.1f} {call:10.2f}{mark} {loop:14.2f} {mm:12.2f} {copy:13.2f}")
     slow = [r for r in rows if r[1] > 1.5 * fast]
     print(f"windows with ONNX Runtime over 1.5x its fastest (*): {len(slow)} of {len(rows)}")
-    for i, name in ((2, "1-thread loop"), (3, "10 matmuls")):
+    for i, name in ((2, "1-thread loop"), (3, "10 matmuls"), (4, "64 MiB copy")):
         if slow and len(slow) < len(rows):
             inside = statistics.median(r[i] for r in slow)
             outside = statistics.median(r[i] for r in rows if r not in slow)
