@@ -113,3 +113,25 @@ class SlowFirstBackend(TorchKernels):
             time.sleep(1.0)
             open(marker, "w").close()
         return super().compile(spec, device)
+
+
+class UncachedBackend(CompileThreadsBackend):
+    """Correct kernels whose compiles no cache shares between processes (Backend.compiles_again):
+    each compile is a line "key pid" in $KORCH_TEST_THREADS_LOG."""
+
+    name = "uncached"
+
+    def compiles_again(self, device) -> bool:
+        return True
+
+    def threads(self) -> int:
+        return os.getpid()
+
+
+class WrongUncachedBackend(WrongBackend):
+    """Wrong kernels whose compiles no cache shares: the check must still catch them."""
+
+    name = "wrong-uncached"
+
+    def compiles_again(self, device) -> bool:
+        return True

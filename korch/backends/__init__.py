@@ -59,6 +59,12 @@ class Backend:
     def version(self) -> str:
         raise NotImplementedError
 
+    def compiles_again(self, device: str) -> bool:
+        """Whether a second process that compiles a kernel this process compiled pays the whole
+        compile again (no cache shared between processes serves it): the profiler then compiles,
+        checks and times it in its timing worker alone (korch.profile.profiler)."""
+        return False
+
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         raise NotImplementedError
 

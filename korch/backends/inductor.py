@@ -181,6 +181,9 @@ class InductorFrozenBackend(InductorBackend):
     def version(self) -> str:
         return f"{super().version()}+frozen"
 
+    def compiles_again(self, device: str) -> bool:
+        return device == "cpu"  # (see compile: oneDNN prepacked weights keep it out of the FX cache)
+
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         reason = super().supports(spec, device)
         if reason is None and not weight_fed_linear(spec.graph, spec.weights):

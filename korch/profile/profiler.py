@@ -346,8 +346,11 @@ class Profiler:
         """Compile `batch` in parallel and time what compiled; the jobs not started by `stop_at`."""
         s = self._scratch
         # a source model goes straight to the timing worker (which compiles and checks it too):
-        # one ONNX Runtime session of a large model fewer, in a process that stays
-        timing = [self._job(spec, b, "time") for spec, b in batch if spec.key in s.sources]
+        # one ONNX Runtime session of a large model fewer, in a process that stays; so does a
+        # kernel whose compile no cache would spare the timing worker (it would compile it twice)
+        device = self.options.device
+        alone = {(spec.key, b.name) for spec, b in batch if spec.key in s.sources or b.compiles_again(device)}
+        timing = [self._job(spec, b, "time") for spec, b in batch if (spec.key, b.name) in alone]
 
         def compiled(job: dict, outcome: dict) -> None:
             if outcome["status"] == "ok":  # checked by the compile worker: the timing worker,
@@ -365,7 +368,7 @@ class Profiler:
                 self._record(job, outcome)
 
         left = s.compile_pool.run(
-            [self._job(spec, b, "compile") for spec, b in batch if spec.key not in s.sources],
+            [self._job(spec, b, "compile") for spec, b in batch if (spec.key, b.name) not in alone],
             self.options.compile_timeout,
             compiled,
             stop_at=stop_at,

@@ -359,6 +359,28 @@ def test_the_compile_time_recorded_is_the_compile_workers(tmp_path, monkeypatch)
         assert prof.status == "ok" and prof.compile_s >= 1.0, key
 
 
+def test_a_kernel_no_cache_serves_twice_is_compiled_once_and_still_checked(tmp_path, monkeypatch):
+    """Inductor with frozen weights on a CPU (oneDNN prepacked weights keep its graphs out of
+    the FX cache) would pay a whole compile in the compile worker and another in the timing
+    worker: such a backend's kernels are compiled, checked and timed in the timing worker alone."""
+    from faulty_backends import UncachedBackend, WrongUncachedBackend
+
+    log = tmp_path / "compiles.log"
+    monkeypatch.setenv("KORCH_TEST_THREADS_LOG", str(log))
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=2))
+    keys = {c.key for c in cands.candidates}
+    opts = ProfileOptions(min_time=0.002, progress=False, jobs=2)
+    backends = [UncachedBackend(), WrongUncachedBackend()]
+    result = profile(graph, cands, backends, ProfileDB(tmp_path / "p.sqlite"), opts)
+    compiles = [line.split() for line in log.read_text().splitlines()]
+    assert sorted(key for key, _ in compiles) == sorted(keys)  # once each
+    assert len({pid for _, pid in compiles}) == 1  # all in the one timing worker
+    for key in keys:
+        assert result.profiles[key]["uncached"].median_ms > 0
+        assert "wrong result" in result.profiles[key]["wrong-uncached"].reason
+
+
 def test_kernels_compile_for_the_threads_they_run_with(tmp_path, monkeypatch):
     """Inductor specializes a CPU kernel on torch's thread count and keys its caches on it: a
     compile worker (its share of the cores) compiles with the threads the timing worker and the
