@@ -135,3 +135,22 @@ class WrongUncachedBackend(WrongBackend):
 
     def compiles_again(self, device) -> bool:
         return True
+
+
+class LoggedCompilesBackend(TorchKernels):
+    """Correct kernels whose first compile of a key takes 0.2 s (later ones, as from a warm cache,
+    nothing: a marker per key in $KORCH_TEST_COMPILED_DIR); each compile is a line "pid start end"
+    in $KORCH_TEST_THREADS_LOG."""
+
+    name = "logged"
+
+    def compile(self, spec, device):
+        start = time.time()
+        marker = os.path.join(os.environ["KORCH_TEST_COMPILED_DIR"], spec.key)
+        if not os.path.exists(marker):
+            time.sleep(0.2)
+            open(marker, "w").close()
+        kernel = super().compile(spec, device)
+        with open(os.environ["KORCH_TEST_THREADS_LOG"], "a") as log:
+            log.write(f"{os.getpid()} {start} {time.time()}\n")
+        return kernel

@@ -194,7 +194,8 @@ def _run_off(close: list, settings: Settings) -> dict:
     report = {"min_ms": first, "medians_ms": [round(m, 6) for m in medians]}
     source = next((i for i, (plan, _) in enumerate(close) if is_source_model(plan)), None)
     if source is not None and winner != source:
-        report["rounds_faster_than_source_model"] = rounds_faster(rounds[winner], rounds[source])
+        # [rounds won, rounds] (a list, as the report reads back from JSON: the database, a plan)
+        report["rounds_faster_than_source_model"] = list(rounds_faster(rounds[winner], rounds[source]))
         if not consistently_faster(rounds[winner], rounds[source]):
             settings.say("no plan ran consistently faster than the source model: it is kept")
             winner = source

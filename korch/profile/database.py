@@ -62,7 +62,19 @@ CREATE TABLE IF NOT EXISTS plan_timings (
     PRIMARY KEY (key, version, device)
 )
 """
-SCHEMAS = (SCHEMA, REWRITE_SCHEMA, PLAN_SCHEMA)
+# the device's fastest copy and matmul ever measured (korch.measure.roofline.measure_ceilings), the
+# floors of the lower bounds' rates: kept, so that a certificate does not move with each run's noise
+CEILING_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ceilings (
+    device TEXT NOT NULL,
+    version TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value REAL NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (device, version, name)
+)
+"""
+SCHEMAS = (SCHEMA, REWRITE_SCHEMA, PLAN_SCHEMA, CEILING_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,7 @@ _NUMBERS = {
     "profiles": ("median_ms", "min_ms", "max_ms", "kernels", "compile_s", "env_failures"),
     "rewrite_timings": ("before_ms", "after_ms"),
     "plan_timings": ("ms", "min_ms"),
+    "ceilings": ("value",),
 }
 # an older korch's failures that were the machine's, by the reasons it wrote: a migrated database
 # profiles them again
@@ -396,6 +409,20 @@ class ProfileDB:
             "INSERT OR REPLACE INTO plan_timings VALUES (?,?,?,?,?,?,?)",
             (key, version, device, ms, min_ms, json.dumps(detail), time.time()),
         )
+
+    @_one_line
+    def raise_ceilings(self, device: str, version: str, measured: dict[str, float]) -> dict[str, float]:
+        """The largest of each ceiling ever kept for the device and `measured` now, kept and returned."""
+        for name, value in measured.items():
+            self.conn.execute(
+                "INSERT INTO ceilings VALUES (?,?,?,?,?) ON CONFLICT (device, version, name) "
+                "DO UPDATE SET value = excluded.value, created = excluded.created "
+                "WHERE excluded.value > ceilings.value",
+                (device, version, name, value, time.time()),
+            )
+        query = "SELECT name, value FROM ceilings WHERE device=? AND version=?"
+        rows = self.conn.execute(query, (device, version))
+        return {name: value for name, value in rows if name in measured}
 
     @_one_line
     def count(self) -> int:

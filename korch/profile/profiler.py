@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -55,6 +56,12 @@ class ProfileOptions:
     # the candidates cover the whole graph (korch.optimize): a primitive that no backend can run
     # is refused before any profiling, as no plan could exist
     whole_graph: bool = False
+    # time a chunk's kernels while the next chunk compiles; None: on a GPU only (on a CPU the
+    # compiles would take the cores the timing needs)
+    overlap: bool | None = None
+
+    def overlapping(self) -> bool:
+        return self.device.startswith("cuda") if self.overlap is None else self.overlap
 
 
 @dataclass
@@ -265,6 +272,7 @@ class Profiler:
         self._scratch = None  # activations and source models on disk, and the workers: at first use
         self._progress: _Progress | None = None
         self._job_s: float | None = None  # wall seconds per job of the last chunk (all workers)
+        self._timing: tuple | None = None  # (thread, results): a chunk timed while the next compiles
 
     def __enter__(self) -> Profiler:
         return self
@@ -293,6 +301,12 @@ class Profiler:
         that computes something no profiled seed or single computes yet); the rest stay pending."""
         ids = dict.fromkeys((spec.key, backend.name) for spec, backend in jobs)  # (in order, once)
         jobs = [self.pending[i] for i in ids if i in self.pending]
+        if deadline is not None and time.time() > deadline and self._scratch is None:
+            # over before it began (--time-budget 0 on a warm database): no activations spilled
+            # and no workers started unless a plan still needs a kernel
+            needed = self._coverage(jobs) if cover else []
+            self.result.skipped += len(jobs) - len(needed)
+            jobs = needed
         if not jobs:
             return
         self._start()
@@ -315,6 +329,7 @@ class Profiler:
             # the deadline passed inside the chunk: the jobs it did not start go back to the queue,
             # where only those a plan needs survive
             queue[first:first] = left
+        self._wait()
 
     def _chunk(self, deadline: float | None) -> int:
         """How many jobs to compile before timing them: 8 per worker, fewer when the deadline
@@ -373,8 +388,40 @@ class Profiler:
             compiled,
             stop_at=stop_at,
         )
-        s.timer.run(list(timing), self.options.time_timeout, self._record)
+        self._time(timing)
         return [self._by_id(job) for job in left]
+
+    def _time(self, jobs: list[dict]) -> None:
+        """Time compiled jobs in the timing worker: now, or with overlap in a thread of this process
+        while the next chunk compiles (its results recorded here, by _wait: the database's
+        connection and the bookkeeping belong to this thread)."""
+        self._wait()
+        timer, timeout = self._scratch.timer, self.options.time_timeout
+        if not self.options.overlapping():
+            timer.run(jobs, timeout, self._record)
+            return
+        done: list = []
+
+        def run() -> None:
+            try:
+                timer.run(jobs, timeout, lambda job, outcome: done.append((job, outcome)))
+            except BaseException as e:  # (raised again where the results are recorded)
+                done.append((None, e))
+
+        thread = threading.Thread(target=run, name="korch-timing", daemon=True)
+        thread.start()
+        self._timing = (thread, done)
+
+    def _wait(self) -> None:
+        """The timing under way in the background (overlap) finished, and its results recorded."""
+        if self._timing is None:
+            return
+        (thread, done), self._timing = self._timing, None
+        thread.join()
+        for job, outcome in done:
+            if job is None:
+                raise outcome
+            self._record(job, outcome)
 
     def _by_id(self, job: dict) -> Job:
         return self.pending[(job["key"], job["backend"])]
@@ -435,6 +482,7 @@ class Profiler:
         (a backend that crashes costs a worker, not the run), and keep the result in the database
         like any other."""
         self._start()
+        self._wait()  # (the timing worker runs one thing at a time)
         arrays = check.random_inputs(spec.graph)
         job = self._job(spec, backend, "time", [arrays[v] for v in spec.graph.inputs])
         outcome: dict = {}
@@ -469,6 +517,8 @@ class Profiler:
         s, self._scratch = self._scratch, None
         if s is not None:
             try:
+                if self._timing is not None:  # (an error while it ran: its results are not kept)
+                    self._timing[0].join()
                 s.compile_pool.close()
                 s.timer.close()
             finally:

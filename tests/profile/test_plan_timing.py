@@ -1,6 +1,6 @@
-"""Plans' in-place measurements and runoffs kept in a real SQLite profile database
-(korch.profile.plan_timing): kept once measured, measured again under another version, device or
-graph, and when the row kept is damaged."""
+"""What the profile database keeps besides kernels, in a real SQLite file: plans' in-place
+measurements and runoffs (korch.profile.plan_timing), kept once measured, measured again under
+another version, device or graph, and when the row kept is damaged; the device's ceilings."""
 
 import sqlite3
 
@@ -83,4 +83,20 @@ def test_a_runoff_is_kept_for_the_same_plans_in_the_same_order(tmp_path):
     assert timings.runoff([b, a], lambda: {**report, "winner": 0})[1] is False
     row = db.conn.execute("SELECT ms, min_ms FROM plan_timings WHERE key LIKE 'runoff:%' LIMIT 1").fetchone()
     assert row == (1.2, 1.1)  # the winner's median and minimum
+    db.close()
+
+
+def test_the_device_ceilings_kept_are_the_fastest_ever_measured(tmp_path):
+    """The lower bounds' rate floors (korch.pipeline._ceilings): a slower measurement never lowers
+    a kept ceiling, so a later run's bounds do not move with one run's noise."""
+    db = ProfileDB(tmp_path / "p.sqlite")
+    first = {"bandwidth_gbs": 20.0, "gflops": 100.0}
+    assert db.raise_ceilings("cpu:x:2threads", "torch 1", first) == first
+    slower = {"bandwidth_gbs": 18.0, "gflops": 110.0}
+    assert db.raise_ceilings("cpu:x:2threads", "torch 1", slower) == {"bandwidth_gbs": 20.0, "gflops": 110.0}
+    assert db.raise_ceilings("cpu:x:1threads", "torch 1", slower) == slower  # (another device)
+    assert db.raise_ceilings("cpu:x:2threads", "torch 2", slower) == slower  # (another torch)
+    db.close()
+    db = ProfileDB(tmp_path / "p.sqlite")
+    assert db.raise_ceilings("cpu:x:2threads", "torch 1", {"gflops": 1.0}) == {"gflops": 110.0}
     db.close()

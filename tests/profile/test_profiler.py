@@ -21,7 +21,7 @@ from korch.measure import busy
 from korch.measure.timing import time_fn
 from korch.pipeline import add_seeds
 from korch.profile.database import ProfileDB
-from korch.profile.profiler import ProfileOptions, profile
+from korch.profile.profiler import ProfileOptions, Profiler, profile
 from korch.search.candidates import CandidateOptions, enumerate_candidates
 from korch.search.kernel import kernel_spec
 from korch.search.partition import PartitionOptions
@@ -379,6 +379,60 @@ def test_a_kernel_no_cache_serves_twice_is_compiled_once_and_still_checked(tmp_p
     for key in keys:
         assert result.profiles[key]["uncached"].median_ms > 0
         assert "wrong result" in result.profiles[key]["wrong-uncached"].reason
+
+
+def test_a_deadline_already_past_starts_no_worker_unless_a_plan_needs_a_kernel(tmp_path, monkeypatch):
+    """At --time-budget 0 on a warm database nothing is compiled: the activations are not written
+    out and no worker starts (YOLOv4: 3.3 s of spilling for nothing); when nothing is profiled yet,
+    the kernels a plan needs still run."""
+    import korch.profile.profiler as profiler_module
+
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=2))
+    opts = ProfileOptions(min_time=0.002, progress=False, jobs=1)
+    backends = get_backends(["onnxruntime"])
+    db = ProfileDB(tmp_path / "p.sqlite")
+    with Profiler(graph, cands, backends, db, opts) as profiler:  # the kernels a plan needs: run
+        queue = profiler.queue()
+        profiler.measure(queue, time.time() - 1)
+        assert profiler.result.skipped < len(queue) and profiler.result.profiled > 0
+    spilled = []
+    monkeypatch.setattr(profiler_module, "spill_activations", lambda *a: spilled.append(a))
+    with Profiler(graph, cands, backends, db, opts) as profiler:  # warm: nothing a plan needs
+        queue = profiler.queue()
+        assert queue
+        profiler.measure(queue, time.time() - 1)
+        assert profiler.result.skipped == len(queue) and profiler.result.profiled == 0
+    assert not spilled
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_kernels_are_timed_while_the_next_chunk_compiles_only_with_overlap(overlap, tmp_path, monkeypatch):
+    """With overlap (by default on a GPU only) the timing worker times a chunk while the compile
+    workers compile the next; without, never during a compile. Either way every kernel is profiled,
+    checked and kept, failures too."""
+    from faulty_backends import LoggedCompilesBackend
+
+    log, marks = tmp_path / "compiles.log", tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("KORCH_TEST_THREADS_LOG", str(log))
+    monkeypatch.setenv("KORCH_TEST_COMPILED_DIR", str(marks))
+    graph = _small_graph()
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=3))
+    keys = {c.key for c in cands.candidates}
+    opts = ProfileOptions(min_time=0.002, progress=False, jobs=1, overlap=overlap)
+    db = ProfileDB(tmp_path / "p.sqlite")
+    result = profile(graph, cands, [LoggedCompilesBackend(), WrongBackend()], db, opts)
+    assert len(keys) > 32  # (three chunks of 16)
+    for key in keys:
+        assert result.profiles[key]["logged"].median_ms > 0
+        assert "wrong result" in result.profiles[key]["wrong"].reason
+    assert db.count() == 2 * len(keys)
+    compiles = [line.split() for line in log.read_text().splitlines()]
+    timer = compiles[-1][0]  # (the last compile is a timing worker's: it times what was compiled)
+    spans = [(float(a), float(b)) for pid, a, b in compiles if pid != timer]
+    during = [float(a) for pid, a, _ in compiles if pid == timer and any(s < float(a) < e for s, e in spans)]
+    assert bool(during) == overlap
 
 
 def test_kernels_compile_for_the_threads_they_run_with(tmp_path, monkeypatch):
