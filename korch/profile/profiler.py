@@ -270,7 +270,8 @@ class Profiler:
         # seeds (the source model too) and singles: kernels that make a plan with no fusion beside them
         self.complete = {k for k, c in self.representative.items() if c.seed or len(c.nodes) == 1}
         self._scratch = None  # activations and source models on disk, and the workers: at first use
-        self._progress: _Progress | None = None
+        self._progress = _Progress(options.progress)
+        self._workers = options.jobs or os.cpu_count() or 1  # compile workers
         self._job_s: float | None = None  # wall seconds per job of the last chunk (all workers)
         self._timing: tuple | None = None  # (thread, results): a chunk timed while the next compiles
 
@@ -301,15 +302,8 @@ class Profiler:
         that computes something no profiled seed or single computes yet); the rest stay pending."""
         ids = dict.fromkeys((spec.key, backend.name) for spec, backend in jobs)  # (in order, once)
         jobs = [self.pending[i] for i in ids if i in self.pending]
-        if deadline is not None and time.time() > deadline and self._scratch is None:
-            # over before it began (--time-budget 0 on a warm database): no activations spilled
-            # and no workers started unless a plan still needs a kernel
-            needed = self._coverage(jobs) if cover else []
-            self.result.skipped += len(jobs) - len(needed)
-            jobs = needed
         if not jobs:
             return
-        self._start()
         progress = self._progress
         progress.add(len(jobs), deadline)
         queue, first, late = list(jobs), 0, False
@@ -359,6 +353,7 @@ class Profiler:
 
     def _run_chunk(self, batch: list[Job], stop_at: float | None) -> list[Job]:
         """Compile `batch` in parallel and time what compiled; the jobs not started by `stop_at`."""
+        self._start()  # (here, not before: a deadline past before any chunk starts no worker)
         s = self._scratch
         # a source model goes straight to the timing worker (which compiles and checks it too):
         # one ONNX Runtime session of a large model fewer, in a process that stays; so does a
@@ -442,11 +437,9 @@ class Profiler:
             directory.cleanup()
             raise
         cores = os.cpu_count() or 1
-        self._workers = self.options.jobs or cores
         compile_pool = _compile_pool(self.options, self._workers, threads=max(1, cores // self._workers))
         timer = WorkerPool(1, torch.get_num_threads(), run_job)
         self._scratch = _Scratch(directory, values, sources, blob_data, blob_paths, compile_pool, timer)
-        self._progress = _Progress(self.options.progress)
         timer.start()  # its imports overlap the first chunk's compiles
 
     def _job(self, spec: KernelSpec, backend: Backend, phase: str, inputs: list | None = None) -> dict:
