@@ -189,6 +189,17 @@ def consistently_faster(challenger: list[list[float]], incumbent: list[list[floa
     gives: a one-sided sign test at RUNOFF_SIGNIFICANCE (with 8 rounds, faster in 7 of them).
     Rounds, not calls, are the independent samples: the calls of one block share the machine's
     state of that moment (a neighbour's burst, the clock)."""
-    wins, n = rounds_faster(challenger, incumbent)
+    return _significant(*rounds_faster(challenger, incumbent))
+
+
+def _significant(wins: int, n: int) -> bool:
     chance = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n  # of so many wins or more
     return n > 0 and chance <= RUNOFF_SIGNIFICANCE
+
+
+def second_look(wins: int, n: int) -> bool:
+    """Whether a challenger faster in `wins` of `n` rounds is worth as many rounds again before the
+    sign test decides over all of them: it won most rounds, but not enough to be significant.
+    With 8 rounds and then 8 more, a challenger no faster than the incumbent passes either look
+    5.9% of the time, against 3.5% with one look (tests/e2e/test_optimize.py works it out)."""
+    return 2 * wins > n and not _significant(wins, n)

@@ -543,14 +543,19 @@ def test_a_plan_is_consistently_faster_by_a_sign_test_over_the_rounds(rounds):
     assert not consistently_faster([], [])
 
 
-@pytest.mark.parametrize("wins", [5, 8])
+@pytest.mark.parametrize(
+    "wins, more, kept",
+    [(4, None, True), (6, 5, True), (6, 7, False), (8, None, False)],
+)
 def test_the_runoff_keeps_the_source_model_unless_another_plan_is_consistently_faster(
-    wins, model_path, tmp_path, monkeypatch
+    wins, more, kept, model_path, tmp_path, monkeypatch
 ):
     """Two copies of one ONNX Runtime session differ by 2-4% side by side on a shared machine, so
     the lower median alone would replace the source model (what ONNX Runtime runs anyway) by a
     plan no faster. Here the other plan has the lower median overall but is faster in `wins` of 8
-    rounds: 5 is chance, and the source model stays; 8 is not."""
+    rounds: 4 is chance, and the source model stays; 8 is not. 6 is most rounds but not enough:
+    the two run 8 rounds more (`more` won by the other plan), and the sign test over all 16 decides
+    (12 wins needed)."""
     import korch.plan.refine as refine
     from korch.config import RUNOFF_ROUNDS
     from korch.orchestrate.solver import Choice, Solution
@@ -568,13 +573,52 @@ def test_the_runoff_keeps_the_source_model_unless_another_plan_is_consistently_f
     assert is_source_model(source) and not is_source_model(other)
     for plan in (source, other):
         plan.meta.measured = {"min_ms": 1.0}
-    # the other plan: 0.5 ms in its winning rounds, 1.01 in the rest; the source model 1.0 throughout
-    timed = {0: [[0.5]] * wins + [[1.01]] * (RUNOFF_ROUNDS - wins), 1: [[1.0]] * RUNOFF_ROUNDS}
-    monkeypatch.setattr(refine, "interleave", lambda calls, *a, **k: {i: timed[i] for i in calls})
+
+    def rounds(won: int) -> dict:  # the other plan: 0.5 ms in the rounds it won, 1.01 in the rest
+        return {0: [[0.5]] * won + [[1.01]] * (RUNOFF_ROUNDS - won), 1: [[1.0]] * RUNOFF_ROUNDS}
+
+    looks = [rounds(wins)] + ([rounds(more)] if more is not None else [])
+    asked = []
+
+    def interleave(calls, *args, **kwargs):
+        asked.append(sorted(calls))
+        timed = looks[len(asked) - 1]
+        return {i: timed[i] for i in calls}
+
+    monkeypatch.setattr(refine, "interleave", interleave)
     (winner, _), report = refine.runoff((source, "source"), [(other, "other"), (source, "source")])
     assert report["medians_ms"][0] < report["medians_ms"][1]
-    assert report["rounds_faster_than_source_model"] == [wins, RUNOFF_ROUNDS]
-    assert winner is (other if wins == 8 else source)
+    assert asked == [[0, 1]] * len(looks)  # a second look only where the first was undecided
+    total = wins + (more or 0)
+    assert report["rounds_faster_than_source_model"] == [total, RUNOFF_ROUNDS * len(looks)]
+    assert winner is (source if kept else other)
+
+
+def test_two_looks_keep_the_chance_that_a_plan_no_faster_replaces_the_source_model_small():
+    """The runoff's two looks (korch.measure.timing.second_look) against the binomial distribution:
+    with a challenger that is no faster (each round a coin toss), the chance that it passes the
+    sign test at the first look or after the second is what second_look's docstring says, and each
+    look alone is at RUNOFF_SIGNIFICANCE."""
+    from scipy.stats import binom, binomtest
+
+    from korch.config import RUNOFF_ROUNDS, RUNOFF_SIGNIFICANCE
+    from korch.measure.timing import second_look
+
+    n = RUNOFF_ROUNDS
+
+    def passes(wins: int, rounds: int) -> bool:
+        return binomtest(wins, rounds, 0.5, alternative="greater").pvalue <= RUNOFF_SIGNIFICANCE
+
+    first = sum(binom.pmf(w, n, 0.5) for w in range(n + 1) if passes(w, n))
+    both = first
+    for w in range(n + 1):
+        if second_look(w, n):
+            assert not passes(w, n) and 2 * w > n
+            after = sum(binom.pmf(m, n, 0.5) for m in range(n + 1) if passes(w + m, 2 * n))
+            both += binom.pmf(w, n, 0.5) * after
+        else:
+            assert passes(w, n) or 2 * w <= n
+    assert round(first, 3) == 0.035 and round(both, 3) == 0.059
 
 
 def test_in_place_calibration_takes_no_per_kernel_cost_from_one_kernel_and_may_lower_a_cost():
