@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from ablation import markdown as ablation_table
+from boundaries import markdown as boundaries_table
 from search_bench import markdown as search_table
 from zoo_report import SOURCE_MODEL_NOTE, speedup, table, targets
 
@@ -99,6 +100,13 @@ def ablation(index: dict, results: Path, section: str) -> list[str]:
     return lines[:-1]
 
 
+def boundaries(index: dict, results: Path) -> list[str]:
+    (run,) = current(index, "boundaries")
+    doc = json.loads((results / run["files"][0]).read_text())
+    lines = [f"{run['date']}, commit {commit(run)}, {files(run)}; {machine(doc['machine'])}.", ""]
+    return [*lines, *reproduce(index, "boundaries"), boundaries_table(doc).rstrip("\n")]
+
+
 def search(index: dict, results: Path) -> list[str]:
     (run,) = current(index, "search")
     doc = json.loads((results / run["files"][0]).read_text())
@@ -147,6 +155,7 @@ BLOCKS = {
     "gpu-zoo": lambda index, results: zoo(index, results, "gpu-zoo"),
     "cpu-ablation": lambda index, results: ablation(index, results, "cpu-ablation"),
     "search": search,
+    "boundaries": boundaries,
     "decoders": decoders,
     "suites": suites,
     "history": history,
