@@ -30,8 +30,7 @@ from korch.orchestrate.solve_measure import SearchReport, certify, least_calls, 
 from korch.orchestrate.solver import Solution, greedy, solve
 from korch.plan.meta import PlanMeta, built_with
 from korch.plan.plan import Plan, build_plan, decided_by
-from korch.plan.refine import Settings, alone, refine, whole_graph_solutions
-from korch.plan.runtime import measure_in_place
+from korch.plan.refine import Settings, alone, fastest_whole_graph, refine
 from korch.profile.database import ProfileDB
 from korch.profile.plan_timing import PlanTimings
 from korch.profile.profiler import ProfileOptions, Profiler, ProfileResult, essential, spread_s
@@ -325,16 +324,22 @@ def _optimize(
         plan.model = fission.model
         return plan
 
-    if options.selection != "optimal":
-        plan, solution = _ablated(graph, found, profiles, solution, baseline, make_plan, options.selection)
-    elif options.measure:
-        timings = PlanTimings(db, graph, meta.versions, meta.device_name)
-        settings = Settings(
-            options.refine_rounds,
-            spread_s(options.min_time, options.time_budget),
-            options.min_time,
-            lambda message: _say(options, message),
+    timings = PlanTimings(db, graph, meta.versions, meta.device_name)
+    settings = Settings(
+        options.refine_rounds,
+        spread_s(options.min_time, options.time_budget),
+        options.min_time,
+        lambda message: _say(options, message),
+    )
+    if options.selection == "greedy":
+        if baseline is None:
+            raise KorchError("no greedy plan: some primitive has no profiled kernel of its own")
+        plan, solution = make_plan(baseline), baseline
+    elif options.selection == "whole-graph":
+        plan, solution = fastest_whole_graph(
+            graph, found.candidates, profiles, solution, make_plan, timings, settings
         )
+    elif options.measure:
 
         def resolve(cost) -> Solution:
             return _select(graph, found, cost, options.solver_time_limit)[0]
@@ -359,23 +364,6 @@ def _ceilings(db: ProfileDB, device: str, half: tuple[str, ...]) -> dict:
     rates = {k: v for k, v in measured.items() if k != "seconds"}
     kept = db.raise_ceilings(device_name(device), f"torch {torch.__version__}", rates)
     return {**measured, **kept}
-
-
-def _ablated(graph, found, profiles, solution, baseline, make_plan, selection: str) -> tuple[Plan, Solution]:
-    """The plan an ablation asks for instead of the optimum: the greedy baseline, or the whole
-    primitive graph as one kernel (each backend's plan measured in place, the fastest by minima)."""
-    if selection == "greedy":
-        if baseline is None:
-            raise KorchError("no greedy plan: some primitive has no profiled kernel of its own")
-        return make_plan(baseline), baseline
-    wholes = [
-        (make_plan(s), s)
-        for s in whole_graph_solutions(graph, found.candidates, profiles, solution)
-        if s.chosen[0].candidate.key.startswith(WHOLE_GRAPH_PREFIX)  # (not the source model)
-    ]
-    if not wholes:
-        raise KorchError("no backend compiled the whole primitive graph as one kernel")
-    return min(wholes, key=lambda pair: measure_in_place(pair[0])["min_ms"])
 
 
 def _candidates(

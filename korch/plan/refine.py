@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from korch.config import IN_PLACE_FLOOR, RUNOFF, RUNOFF_ROUNDS, WHOLE_GRAPH_REACH
-from korch.errors import first_line
+from korch.errors import KorchError, first_line
 from korch.ir.graph import Graph
 from korch.measure.timing import consistently_faster, rounds_faster, second_look
 from korch.orchestrate.solver import Choice, Solution
@@ -22,6 +22,7 @@ from korch.plan.plan import Plan, is_source_model
 from korch.plan.runtime import interleave, measure_in_place
 from korch.profile.plan_timing import PlanTimings
 from korch.search.candidates import Candidate
+from korch.search.kernel import WHOLE_GRAPH_PREFIX
 
 log = logging.getLogger("korch")
 
@@ -209,6 +210,38 @@ def _run_off(close: list, settings: Settings) -> dict:
             winner = source
     report["winner"] = winner
     return report
+
+
+def fastest_whole_graph(
+    graph: Graph,
+    candidates: list[Candidate],
+    profiles,
+    like: Solution,
+    make_plan: Callable[[Solution], Plan],
+    timings: PlanTimings,
+    settings: Settings = Settings(),
+) -> tuple[Plan, Solution]:
+    """The ablation's whole-graph variant: korch's whole primitive graph as one kernel (not the
+    source model), in the backend refine would pick among them: each plan measured in place (or
+    read from `timings`, where korch's own run kept it), then the runoff between those within
+    RUNOFF of the fastest. One fresh in-place measurement each decided before: on Segformer-B0
+    that put its whole graph in Inductor (25.75 ms in the bench) ahead of OpenVINO's, which
+    korch's own run had measured at 13.5."""
+    measured = []
+    for whole in whole_graph_solutions(graph, candidates, profiles, like):
+        if not whole.chosen[0].candidate.key.startswith(WHOLE_GRAPH_PREFIX):
+            continue
+        plan = make_plan(whole)
+        key = timings.plan_key(chosen(whole))
+        kept, _ = timings.in_place(key, lambda: measure_in_place(plan, spread_s=settings.spread_s))  # noqa: B023 (called here)
+        plan.meta.measured = dict(kept)
+        measured.append((plan, whole))
+    if not measured:
+        raise KorchError("no backend compiled the whole primitive graph as one kernel")
+    best = min(measured, key=lambda pair: pair[0].meta.measured["min_ms"])
+    best, report = runoff(best, measured, settings, timings)
+    best[0].meta.runoff = report
+    return best
 
 
 def whole_graph_solutions(

@@ -637,6 +637,37 @@ def test_in_place_calibration_takes_no_per_kernel_cost_from_one_kernel_and_may_l
     assert extra_per_kernel(slower) == {"vendor": pytest.approx(0.03)}
 
 
+def test_the_whole_graph_variant_decides_by_the_plan_timings_korch_kept(model_path, tmp_path, monkeypatch):
+    """The ablation's whole-graph variant (selection "whole-graph") takes each whole-graph plan's
+    in-place measurement that korch's own run kept, then the runoff between those close to the
+    fastest, instead of one fresh measurement each (a burst of interference during one plan's
+    runs decided it): no plan is measured in place again, the chosen plan's numbers are those
+    korch's run measured, and a runoff, where one ran, kept its lowest median."""
+    import korch.plan.refine as refine
+
+    options = OptimizeOptions(
+        cache=tmp_path / "p.sqlite", backends=("onnxruntime", "inductor"), min_time=0.002, progress=False
+    )
+    first = optimize(model_path, options=options)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a plan was measured in place again")
+
+    monkeypatch.setattr(refine, "measure_in_place", refused)
+    whole = optimize(model_path, options=dataclasses.replace(options, selection="whole-graph", time_budget=0))
+    assert [(k.spec.key.startswith("graph-"), len(k.nodes)) for k in whole.kernels] == [
+        (True, len(whole.graph.nodes))
+    ]
+    assert {"ms": whole.meta.measured["ms"], "min_ms": whole.meta.measured["min_ms"]} in [
+        {"ms": r["measured_ms"], "min_ms": r["min_ms"]} for r in first.meta.refine
+    ]
+    report = whole.meta.runoff
+    if report is not None:
+        assert report["medians_ms"][report["winner"]] == min(report["medians_ms"])
+    monkeypatch.undo()
+    assert whole.verify() <= 1e-4
+
+
 def test_a_warm_run_decides_as_the_first_did_without_compiling_or_running_a_plan(
     model_path, tmp_path, monkeypatch
 ):
