@@ -197,7 +197,7 @@ def _run_off(close: list, settings: Settings) -> dict:
     if source is not None and winner != source:
         if second_look(*rounds_faster(rounds[winner], rounds[source])):
             # faster in most rounds but not in enough: as many rounds again of the two alone, and
-            # the sign test over all of them (a plan 7% faster won 6 of 8 and lost to the rule)
+            # the sign test over all of them (a plan a few percent faster often wins only 5 or 6)
             settings.say("the fastest plan and the source model run again side by side")
             pair = {i: calls[i] for i in (winner, source)}
             more = interleave(pair, RUNOFF_ROUNDS, settings.block_s, close[0][0].device, round_pause_s=pause)
@@ -224,9 +224,7 @@ def fastest_whole_graph(
     """The ablation's whole-graph variant: korch's whole primitive graph as one kernel (not the
     source model), in the backend refine would pick among them: each plan measured in place (or
     read from `timings`, where korch's own run kept it), then the runoff between those within
-    RUNOFF of the fastest. One fresh in-place measurement each decided before: on Segformer-B0
-    that put its whole graph in Inductor (25.75 ms in the bench) ahead of OpenVINO's, which
-    korch's own run had measured at 13.5."""
+    RUNOFF of the fastest, so that the variant and korch rank the same plans alike."""
     measured = []
     for whole in whole_graph_solutions(graph, candidates, profiles, like):
         if not whole.chosen[0].candidate.key.startswith(WHOLE_GRAPH_PREFIX):
