@@ -6,8 +6,9 @@ For each backend: the whole graph as one kernel ("whole B"), and the graph's par
 ("parts B"). Each partition is timed in place in every parts plan (Executable.time_steps); "mix"
 takes each partition's fastest backend. Then the whole graph cut at k evenly spaced places of its
 topological order, one kernel per piece in --split-backend ("cut k"). Every plan is checked against
-the numpy reference, then all are timed as a caller calls them, side by side (runtime.interleave:
-alternating blocks with pauses, so one system's spinning threads do not tax the next).
+ONNX Runtime on the source model, then all are timed as a caller calls them, side by side
+(runtime.interleave: alternating blocks with pauses, so one system's spinning threads do not tax
+the next).
 
     python benchmarks/boundaries.py [MODEL ...] --dir ZOO --out FILE [--backends a,b]
         [--split-backend inductor-frozen] [--splits 2,4,8,16] [--rounds 8]

@@ -324,29 +324,30 @@ def _optimize(
         plan.model = fission.model
         return plan
 
-    timings = PlanTimings(db, graph, meta.versions, meta.device_name)
-    settings = Settings(
-        options.refine_rounds,
-        spread_s(options.min_time, options.time_budget),
-        options.min_time,
-        lambda message: _say(options, message),
-    )
     if options.selection == "greedy":
         if baseline is None:
             raise KorchError("no greedy plan: some primitive has no profiled kernel of its own")
         plan, solution = make_plan(baseline), baseline
-    elif options.selection == "whole-graph":
-        plan, solution = fastest_whole_graph(
-            graph, found.candidates, profiles, solution, make_plan, timings, settings
+    elif options.selection == "whole-graph" or options.measure:  # plans measured in place
+        timings = PlanTimings(db, graph, meta.versions, meta.device_name)
+        settings = Settings(
+            options.refine_rounds,
+            spread_s(options.min_time, options.time_budget),
+            options.min_time,
+            lambda message: _say(options, message),
         )
-    elif options.measure:
+        if options.selection == "whole-graph":
+            plan, solution = fastest_whole_graph(
+                graph, found.candidates, profiles, solution, make_plan, timings, settings
+            )
+        else:
 
-        def resolve(cost) -> Solution:
-            return _select(graph, found, cost, options.solver_time_limit)[0]
+            def resolve(cost) -> Solution:
+                return _select(graph, found, cost, options.solver_time_limit)[0]
 
-        plan, solution = refine(
-            graph, found.candidates, profiles, solution, make_plan, resolve, timings, settings
-        )
+            plan, solution = refine(
+                graph, found.candidates, profiles, solution, make_plan, resolve, timings, settings
+            )
     else:
         plan = make_plan(solution)
     plan.meta.alternatives = rejected_alternatives(solution, found.candidates, profiles)

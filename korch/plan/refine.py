@@ -92,9 +92,8 @@ def refine(
         nonlocal best
         seen.add(chosen(solution))
         plan = make_plan(solution)
-        key = timings.plan_key(chosen(solution))
-        measured, kept = timings.in_place(key, lambda: measure_in_place(plan, spread_s=settings.spread_s))
-        plan.meta.measured = measured = dict(measured)
+        kept = _in_place(plan, solution, timings, settings)
+        measured = plan.meta.measured
         if not priced_alone(solution, profiles):  # (by in-place timings: the prediction checks nothing)
             measured["predicted_over_measured"] = None
         measured_plans.append((plan, solution))
@@ -129,6 +128,15 @@ def refine(
     best, report = runoff(best, measured_plans, settings, timings)
     _record(best[0], measured_plans, report, extra)
     return best
+
+
+def _in_place(plan: Plan, solution: Solution, timings: PlanTimings, settings: Settings) -> bool:
+    """`plan` (made of `solution`) measured in place, or the measurement `timings` kept for it, as
+    plan.meta.measured (a copy of its own); whether it was kept."""
+    key = timings.plan_key(chosen(solution))
+    measured, kept = timings.in_place(key, lambda: measure_in_place(plan, spread_s=settings.spread_s))
+    plan.meta.measured = dict(measured)
+    return kept
 
 
 def _record(best: Plan, measured_plans: list, report: dict | None, extra: dict[str, float]) -> None:
@@ -230,9 +238,7 @@ def fastest_whole_graph(
         if not whole.chosen[0].candidate.key.startswith(WHOLE_GRAPH_PREFIX):
             continue
         plan = make_plan(whole)
-        key = timings.plan_key(chosen(whole))
-        kept, _ = timings.in_place(key, lambda: measure_in_place(plan, spread_s=settings.spread_s))  # noqa: B023 (called here)
-        plan.meta.measured = dict(kept)
+        _in_place(plan, whole, timings, settings)
         measured.append((plan, whole))
     if not measured:
         raise KorchError("no backend compiled the whole primitive graph as one kernel")
