@@ -2,7 +2,8 @@
 --json` in a fresh process with a fresh profile database, its search report (pairs measured,
 bounded, pruned; rounds; lower bound; plan; certified gap), its wall time against --time-budget,
 and the bounds checked against every kernel the run measured (korch.orchestrate.bounds.violations,
-leave-one-out). Results go to OUT/search.json; --markdown writes the table.
+leave-one-out, with the device ceilings the run kept). Results go to OUT/search.json; --markdown
+writes the table.
 
     python benchmarks/search_bench.py [MODEL ...] [--dir ZOO] [--out DIR] [--time-budget S]
         [--backends default,inductor+vendor] [--markdown FILE]
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from korch.cli import zoo
 from korch.orchestrate.bounds import violations
-from korch.orchestrate.solve_measure import PROBE_PREFIX, database_observations
+from korch.orchestrate.solve_measure import PROBE_PREFIX, database_ceilings, database_observations
 
 PAPER_MODELS = ("candy", "segformer-b0", "yolox-nano", "yolov4", "efficientvit-b1")
 
@@ -43,7 +44,7 @@ def run(model: Path, backends: str, budget: float, out: Path) -> dict:
     rows = database_observations(db)
     observed = [(key, o) for key, o in rows if not key.startswith(PROBE_PREFIX)]
     floors = [o for key, o in rows if key.startswith(PROBE_PREFIX)]
-    broken = violations([o for _, o in observed], floors=floors)
+    broken = violations([o for _, o in observed], database_ceilings(db), floors=floors)
     return {
         "wall_s": round(wall, 1),
         "profiling_s": report["search"]["profiling_seconds"],

@@ -38,6 +38,7 @@ MIN_CORES = 0.2
 # the timings that decide most (the source model alone, each plan in place) are spread over SPREAD times
 # min_time, so that a neighbour taking a core for seconds cannot double all of them: trust for time
 SPREAD = 125
+AUTOTUNE_LINEAR = 2  # linear primitives at most in an inductor-autotune candidate: each one autotuned
 SOURCE_DISCRETE_MISMATCH = 0.01  # integer outputs of the source model allowed to differ from the graph's
 STARTUP_S = 120.0  # a worker not ready after this long is stuck: a slow import against a hung one
 STARTUP_FAILURES = 3  # workers lost while starting, none ever ready, before profiling gives up

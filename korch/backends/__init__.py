@@ -28,6 +28,7 @@ from korch.search.kernel import KernelSpec
 IMPLEMENTATIONS = (
     "korch.backends.inductor:InductorBackend",
     "korch.backends.inductor:InductorFrozenBackend",
+    "korch.backends.inductor:InductorAutotuneBackend",
     "korch.backends.vendor:VendorBackend",
     "korch.backends.eager:EagerBackend",
     "korch.backends.onnxrt:OnnxRuntimeBackend",

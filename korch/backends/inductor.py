@@ -1,6 +1,7 @@
 """The Inductor backends: a candidate traced to an aten graph and compiled by PyTorch Inductor
-(C++/OpenMP on CPU, Triton on CUDA), its weights as inputs ("inductor") or compiled in as
-constants ("inductor-frozen")."""
+(C++/OpenMP on CPU, Triton on CUDA), its weights as inputs ("inductor"), compiled in as constants
+("inductor-frozen"), or compiled in with Inductor's GEMM and convolution templates tried against
+the vendor libraries ("inductor-autotune")."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, source_digest, torch_ops
 from korch.backends.torch_ops import graph_function
+from korch.config import AUTOTUNE_LINEAR
 from korch.ir.graph import Graph
 from korch.ir.prims import Kind, Prim
 from korch.ir.tensors import to_tensor
@@ -221,3 +223,38 @@ class InductorFrozenBackend(InductorBackend):
             return outs
 
         return CompiledKernel(fn, inner.kernels)
+
+
+class InductorAutotuneBackend(InductorFrozenBackend):
+    """Inductor frozen, with its GEMM and convolution templates (Triton on CUDA, C++ on CPU)
+    benchmarked against the vendor library's call for every matmul and convolution, the fastest
+    kept with the pointwise work around it fused in (torch.compile's max-autotune, for GEMMs and
+    convolutions only). Autotuning runs every choice on the device, so a kernel is compiled,
+    checked and timed in the profiler's timing worker alone, never beside another timing. Only
+    candidates with a few linear primitives (AUTOTUNE_LINEAR): each is autotuned in its compile,
+    which a whole model would spend minutes on. Used by default on CUDA; on a CPU the templates
+    rarely beat oneDNN and MKL (say `--backends` to add it)."""
+
+    name = "inductor-autotune"
+    default_on = ("cuda",)
+
+    def version(self) -> str:
+        return f"{super().version()}+autotune"
+
+    def compiles_again(self, device: str) -> bool:
+        return True
+
+    def supports(self, spec: KernelSpec, device: str) -> str | None:
+        reason = InductorBackend.supports(self, spec, device)
+        linear = sum(node.kind is Kind.LINEAR for node in spec.graph.nodes)
+        if reason is None and not 1 <= linear <= AUTOTUNE_LINEAR:
+            return f"not 1 to {AUTOTUNE_LINEAR} linear primitives (what GEMM and convolution templates tune)"
+        return reason
+
+    def compile(self, spec: KernelSpec, device: str, weights: Weights | None = None) -> CompiledKernel:
+        from torch._inductor import config
+
+        # (the choices' timings are not printed: a profiling run would write a table per GEMM)
+        quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+        with config.patch(max_autotune_gemm=True, **{k: v for k, v in quiet.items() if hasattr(config, k)}):
+            return super().compile(spec, device, weights)

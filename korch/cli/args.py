@@ -149,8 +149,9 @@ def _optimize_command(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument(
         "--backends",
-        help="comma-separated backends: inductor, inductor-frozen, vendor, eager, onnxruntime, openvino "
-        "(default: all but eager on CPU; all but openvino on CUDA)",
+        help="comma-separated backends: inductor, inductor-frozen, inductor-autotune, vendor, eager, "
+        "onnxruntime, openvino (default: all but eager and inductor-autotune on CPU; all but openvino "
+        "on CUDA)",
     )
     p.add_argument(
         "--cache",

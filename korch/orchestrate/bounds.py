@@ -11,9 +11,10 @@ latency is at least
 where the rates are the fastest measured (the device's matmul and copy ceilings included), raised by
 SAFETY, and the least call lowered by LAUNCH_SAFETY: a kernel not measured yet may beat the fastest
 seen so far, by as much as these margins allow. Small working sets run from cache, many times faster
-per byte than a large copy, so the byte rate for a kernel of B bytes is the fastest among kernels of
-at least B / SIZE_WINDOW bytes (all of them where none is that large). The bounds only ever order
-and certify: they are derived from the profile database's measurements, never stored as if measured.
+per byte than a large copy, so the byte rate for a kernel of B bytes is the fastest among kernels
+(and the device's copies of a few sizes, measured beside the ceilings) of at least B / SIZE_WINDOW
+bytes (all of them where none is that large). The bounds only ever order and certify: they are
+derived from the profile database's measurements, never stored as if measured.
 `violations` checks them against measurements (tests, benchmarks/search_bench.py)."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 from korch.config import LAUNCH_SAFETY, SAFETY, SIZE_WINDOW
 from korch.ir.work import Work
+from korch.measure.roofline import sized_copies
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ class Observation:
 
 class Rates:
     """The fastest rates and least calls among `observations`, with the device's `ceilings`
-    (korch.measure.roofline.measure_ceilings: "gflops", "bandwidth_gbs") as floors of the rates."""
+    (korch.measure.roofline.measure_ceilings: "gflops", "bandwidth_gbs", and the copies of a few
+    sizes, "bandwidth_gbs@<bytes>", as if measured kernels) as floors of the rates."""
 
     def __init__(self, observations: Iterable[Observation], ceilings: dict | None = None):
         ceilings = ceilings or {}
@@ -49,8 +52,10 @@ class Rates:
         for o in seen:
             self.launch_ms[o.backend] = min(self.launch_ms.get(o.backend, math.inf), o.ms)
         self.launch_ms = {b: LAUNCH_SAFETY * ms for b, ms in self.launch_ms.items()}
-        # byte rates by size, and the fastest among each size and everything larger
-        by_size = sorted((o.work.bytes, o.work.bytes / o.ms) for o in seen)
+        # byte rates by size (the device's copies of a few sizes among them: a kernel no faster
+        # than a copy may still be the fastest seen), and the fastest among each size and larger
+        copies = [(size, gbs * 1e6) for size, gbs in sized_copies(ceilings)]
+        by_size = sorted([(o.work.bytes, o.work.bytes / o.ms) for o in seen] + copies)
         self._sizes = [size for size, _ in by_size]
         self._fastest_above: list[float] = []
         fastest = ceilings.get("bandwidth_gbs", 0.0) * 1e6  # bytes per ms

@@ -112,7 +112,8 @@ class Prices:
 
     def estimates(self):
         """Prices with each pending pair at its bound times its backend's median ratio of
-        measured to bound (at least 1): what orders the measuring, never what certifies."""
+        measured to bound (at least 1; the largest of these for a backend with none measured):
+        what orders the measuring, never what certifies."""
         ratios: dict[str, list[float]] = {}
         for key, per_backend in self.profiler.result.profiles.items():
             for backend, prof in per_backend.items():
@@ -120,6 +121,10 @@ class Prices:
                     bound = self.rates.bound_ms(self.work(key), backend)
                     ratios.setdefault(backend, []).append(prof.cost_ms / bound if bound > 0 else 1.0)
         scale = {b: max(1.0, statistics.median(r)) for b, r in ratios.items()}
+        # a backend with nothing measured yet is as far from its bounds as the furthest one, not
+        # nearer than every other (its candidates would all be measured first)
+        unseen = max(scale.values(), default=1.0)
+        scale.update({b: unseen for b in self.profiler.backend_names if b not in scale})
         return lambda key: self._price(key, scale)
 
 
@@ -299,3 +304,16 @@ def database_observations(path, device: str | None = None) -> list[tuple[str, Ob
         for key, backend, ms, spec, on in rows
         if (device is None or on == device) and ms is not None and not key.startswith(SOURCE_MODEL_PREFIX)
     ]
+
+
+def database_ceilings(path) -> dict[str, float]:
+    """The fastest of each ceiling a profile database keeps (korch.measure.roofline): what the
+    bounds of a run that used it rose to, for checking them afterwards."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT name, MAX(value) FROM ceilings GROUP BY name").fetchall()
+    finally:
+        conn.close()
+    return dict(rows)

@@ -243,7 +243,7 @@ def test_eager_refuses_fusions_and_is_a_default_on_cuda_only():
     (eager,) = get_backends(["eager"])
     assert "single primitives" in eager.supports(spec, "cpu")
     assert "eager" not in [b.name for b in get_backends(None, "cpu")]
-    cuda = ["inductor", "inductor-frozen", "vendor", "eager", "onnxruntime"]
+    cuda = ["inductor", "inductor-frozen", "inductor-autotune", "vendor", "eager", "onnxruntime"]
     assert [b.name for b in get_backends(None, "cuda")] == cuda
 
 

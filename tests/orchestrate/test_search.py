@@ -176,6 +176,23 @@ def test_bounds_grow_with_work_and_never_undercut_the_launch_floor():
     assert rates.bound_ms(Work(0, 10), "other") < small  # no call seen for it: no floor
 
 
+def test_a_copy_of_a_kernels_size_bounds_it_as_a_measured_kernel_would():
+    """A small concat (a copy) ran 1.08x faster than the bound the larger, slower kernels gave it:
+    the device's copies of a few sizes count among the kernels that set the byte rate."""
+    from korch.config import SAFETY
+
+    slow = [Observation("x", Work(0, 10**6), 0.1)]  # 10 GB/s at 1 MB
+    copies = {"bandwidth_gbs": 5.0, "bandwidth_gbs@100000": 50.0}
+    small, large = Work(0, 100_000), Work(0, 10**6)  # (in a backend with no launch floor seen)
+    without, with_copies = Rates(slow), Rates(slow, copies)
+    assert without.bound_ms(small, "y") == pytest.approx(100_000 / (SAFETY * 10e6))
+    assert with_copies.bound_ms(small, "y") == pytest.approx(100_000 / (SAFETY * 50e6))
+    # a kernel over SIZE_WINDOW times the copy's size: bounded by the kernels of its own size
+    assert with_copies.bound_ms(large, "y") == pytest.approx(without.bound_ms(large, "y"))
+    assert violations([*slow, Observation("y", small, 100_000 / 30e6)]) != []
+    assert violations([*slow, Observation("y", small, 100_000 / 30e6)], copies) == []
+
+
 def test_views_move_no_bytes():
     """A broadcast returned as torch's expand ran 6.4 MB in 7.5 us on this CPU (860 GB/s): views
     neither read nor write, so a kernel of views alone is bounded by its launch floor only."""
@@ -189,3 +206,39 @@ def test_views_move_no_bytes():
     assert kernel_work(b.build([wide], ["out0"])).bytes == 0
     # x reaches the add only through the view: counted are y read and the sum written
     assert kernel_work(b.build([total], ["out0"])).bytes == 2 * 32 * 64 * 4
+
+
+def test_estimates_price_a_backend_with_nothing_measured_as_far_from_its_bounds_as_the_furthest():
+    """A backend new to the database (none of its kernels measured) must not look cheapest to
+    the measuring order merely because its bounds are not yet scaled like the others'."""
+    import statistics
+    from types import SimpleNamespace
+
+    from korch.ir.graph import GraphBuilder
+    from korch.ir.prims import Prim, TensorType
+    from korch.orchestrate.solve_measure import Prices
+    from korch.profile.database import Profile
+    from korch.profile.profiler import ProfileResult
+
+    def spec(n: int):
+        b = GraphBuilder()
+        x, w = b.input("x", TensorType((n, n), "float32")), b.input("w", TensorType((n, n), "float32"))
+        (y,) = b.emit(Prim.MATMUL, (x, w))
+        return SimpleNamespace(graph=b.build([y], ["out0"]))
+
+    specs = {f"k{n}": spec(n) for n in (64, 128, 256)}
+    result = ProfileResult()
+    for key, ms in (("k64", 0.5), ("k128", 0.9)):  # "seen" measured on two keys
+        result.profiles[key] = {"seen": Profile(key, "seen", "ok", median_ms=ms)}
+    pending = {("k256", "seen"): None, ("k256", "new"): None}
+    profiler = SimpleNamespace(specs=specs, result=result, backend_names=["seen", "new"], pending=pending)
+    prices = Prices(profiler, ceilings=None)
+    work = {key: kernel_work(s.graph) for key, s in specs.items()}
+    bound = {b: prices.rates.bound_ms(work["k256"], b) for b in ("seen", "new")}
+    assert prices("k256")[0] == min(bound.values())  # certifying: the bare bounds
+    measured = {k: result.profiles[k]["seen"].cost_ms for k in ("k64", "k128")}
+    scale = statistics.median(ms / prices.rates.bound_ms(work[k], "seen") for k, ms in measured.items())
+    assert scale > 1.2
+    estimate, _ = prices.estimates()("k256")
+    assert estimate == pytest.approx(min(bound.values()) * scale)  # both scaled alike, "new" not bare
+    assert estimate > bound["new"] * 1.2
