@@ -9,9 +9,10 @@
 # timed, so a slow model costs only itself: each model may take what is left of the DEADLINE
 # (seconds from the start, default 575) shared equally among the models still to run, so time a
 # fast model leaves goes to the slower ones after it. Before the ablation a model took 100-160 s
-# on an H200 (benchmarks/results/gpu-2026-12-04-h200.log); the ablation's two variants and three
-# more peers have not run on a GPU yet. Split over two calls of one session, the GPU tests in the
-# first:
+# on an H200 (benchmarks/results/gpu-2026-12-04-h200.log); the ablation's two variants, three
+# more peers and the inductor-autotune backend (default on CUDA; each of its kernels autotuned in
+# the timing worker, a job limited to ProfileOptions.time_timeout) have not run on a GPU yet. Split
+# over two calls of one session, the GPU tests in the first:
 #
 #   OUT=gpu-results DEADLINE=395 MODELS="yolox-nano efficientvit-b1" bash benchmarks/gpu_bench.sh 20
 #   OUT=gpu-results DEADLINE=465 TESTS=0 MODELS="segformer-b0 candy yolov4" bash benchmarks/gpu_bench.sh 20
