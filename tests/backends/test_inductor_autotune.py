@@ -4,9 +4,8 @@ autotuned against Inductor's GEMM templates, checked against the reference execu
 import pytest
 import torch
 from helpers import rand
-from test_inductor_frozen import conv_relu_model, matmul_bias_model, whole_spec
+from test_inductor_frozen import check_a_plan_of_one_backend, conv_relu_model, matmul_bias_model, whole_spec
 
-import korch
 from korch.backends import compile_with, get_backends
 from korch.backends.inductor import InductorAutotuneBackend
 from korch.config import AUTOTUNE_LINEAR
@@ -15,7 +14,6 @@ from korch.ir.graph import GraphBuilder
 from korch.ir.prims import Prim
 from korch.ir.tensor_type import TensorType
 from korch.ir.tensors import to_tensor
-from korch.measure import check
 from korch.profile.jobs import check_kernel
 from korch.search.kernel import KernelSpec
 
@@ -110,18 +108,4 @@ def test_matches_the_reference_on_cuda(make):
 
 @pytest.mark.e2e
 def test_a_plan_of_autotuned_kernels_runs_after_save_and_load(tmp_path):
-    model, feeds = matmul_bias_model()
-    plan = korch.optimize(
-        model,
-        backends=("inductor-autotune",),
-        time_budget=60,
-        jobs=1,
-        min_time=0.002,
-        cache=tmp_path / "db.sqlite",
-        progress=False,
-    )
-    assert {k.backend for k in plan.kernels} == {"inductor-autotune"}
-    want = check.onnxruntime_outputs(model, feeds)["z"]
-    loaded = korch.load(plan.save(tmp_path / "plan"))
-    for p in (plan, loaded):
-        assert check.rel_err(p.run(feeds)["z"], want) <= 1e-4
+    check_a_plan_of_one_backend(matmul_bias_model, "inductor-autotune", 60, tmp_path)
