@@ -35,9 +35,8 @@ python3 benchmarks/warm_peers.py $MODELS --device cuda --peers $PEERS > "$OUT/wa
 if [ "$TESTS" != 0 ]; then
     # one line per test as it ends: a run stopped by its time limit still says what passed
     # (-v), and a test running past 60 s prints every thread's stack (faulthandler_timeout)
+    # (the backends' own GPU tests, `pytest -m gpu tests/backends`, would take the models' time)
     timeout 150 python3 -m pytest -v -m gpu --durations=5 -o faulthandler_timeout=60 tests/e2e/test_gpu.py \
-        tests/backends/test_inductor_frozen.py tests/backends/test_vendor_epilogues.py \
-        tests/backends/test_inductor_autotune.py \
         > "$OUT/gpu-tests.log" 2>&1
     echo "exit $?" >> "$OUT/gpu-tests.log"
 fi

@@ -62,8 +62,9 @@ class Backend:
 
     def compiles_again(self, device: str) -> bool:
         """Whether a second process that compiles a kernel this process compiled pays the whole
-        compile again (no cache shared between processes serves it): the profiler then compiles,
-        checks and times it in its timing worker alone (korch.profile.profiler)."""
+        compile again (no cache shared between processes serves it), or compiling runs work on the
+        device that must not overlap a timing (autotuning): the profiler then compiles, checks and
+        times it in its timing worker alone (korch.profile.profiler)."""
         return False
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:

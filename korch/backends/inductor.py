@@ -1,7 +1,7 @@
 """The Inductor backends: a candidate traced to an aten graph and compiled by PyTorch Inductor
 (C++/OpenMP on CPU, Triton on CUDA), its weights as inputs ("inductor"), compiled in as constants
-("inductor-frozen"), or compiled in with Inductor's GEMM and convolution templates tried against
-the vendor libraries ("inductor-autotune")."""
+("inductor-frozen"), or compiled in with Inductor's GEMM (and on CUDA convolution) templates tried
+against the vendor libraries ("inductor-autotune")."""
 
 from __future__ import annotations
 
@@ -226,14 +226,15 @@ class InductorFrozenBackend(InductorBackend):
 
 
 class InductorAutotuneBackend(InductorFrozenBackend):
-    """Inductor frozen, with its GEMM and convolution templates (Triton on CUDA, C++ on CPU)
-    benchmarked against the vendor library's call for every matmul and convolution, the fastest
-    kept with the pointwise work around it fused in (torch.compile's max-autotune, for GEMMs and
-    convolutions only). Autotuning runs every choice on the device, so a kernel is compiled,
-    checked and timed in the profiler's timing worker alone, never beside another timing. Only
-    candidates with a few linear primitives (AUTOTUNE_LINEAR): each is autotuned in its compile,
-    which a whole model would spend minutes on. Used by default on CUDA; on a CPU the templates
-    rarely beat oneDNN and MKL (say `--backends` to add it)."""
+    """Inductor frozen, with its GEMM templates (Triton on CUDA, C++ on CPU) and on CUDA its
+    convolution templates benchmarked against the vendor library's call for every matmul (and
+    convolution) the candidate holds, the fastest kept with the pointwise work around it fused in
+    (torch.compile's max-autotune, for GEMMs and convolutions only). Autotuning runs every choice
+    on the device, so a kernel is compiled, checked and timed in the profiler's timing worker
+    alone, never beside another timing. Only candidates with a few linear primitives
+    (AUTOTUNE_LINEAR), one of them tunable: each is autotuned in its compile, which a whole model
+    would spend minutes on. Used by default on CUDA; on a CPU the templates rarely beat oneDNN and
+    MKL (say `--backends` to add it)."""
 
     name = "inductor-autotune"
     default_on = ("cuda",)
@@ -242,14 +243,20 @@ class InductorAutotuneBackend(InductorFrozenBackend):
         return f"{super().version()}+autotune"
 
     def compiles_again(self, device: str) -> bool:
-        return True
+        return True  # (autotuning times its choices on the device: not beside another timing)
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         reason = InductorBackend.supports(self, spec, device)
-        linear = sum(node.kind is Kind.LINEAR for node in spec.graph.nodes)
-        if reason is None and not 1 <= linear <= AUTOTUNE_LINEAR:
-            return f"not 1 to {AUTOTUNE_LINEAR} linear primitives (what GEMM and convolution templates tune)"
-        return reason
+        if reason is not None:
+            return reason
+        linear = [node.prim for node in spec.graph.nodes if node.kind is Kind.LINEAR]
+        # (a CPU convolution is a oneDNN call whatever the mode: Inductor has no C++ template for it)
+        tunable = {Prim.MATMUL, Prim.GROUPED_MATMUL} | ({Prim.CONV} if device.startswith("cuda") else set())
+        if tunable.isdisjoint(linear):
+            return "no matmul (on CUDA, convolution) for Inductor's templates to tune"
+        if len(linear) > AUTOTUNE_LINEAR:
+            return f"over {AUTOTUNE_LINEAR} linear primitives (each is autotuned in its compile)"
+        return None
 
     def compile(self, spec: KernelSpec, device: str, weights: Weights | None = None) -> CompiledKernel:
         from torch._inductor import config

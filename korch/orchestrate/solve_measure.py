@@ -306,14 +306,16 @@ def database_observations(path, device: str | None = None) -> list[tuple[str, Ob
     ]
 
 
-def database_ceilings(path) -> dict[str, float]:
-    """The fastest of each ceiling a profile database keeps (korch.measure.roofline): what the
-    bounds of a run that used it rose to, for checking them afterwards."""
+def database_ceilings(path, device: str | None = None) -> dict[str, float]:
+    """The fastest of each ceiling a profile database keeps (korch.measure.roofline) for a device
+    (its name with its threads, as the ceilings table has it; None: a database of one device):
+    what the bounds of a run that used it rose to, for checking them afterwards."""
     import sqlite3
 
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        rows = conn.execute("SELECT name, MAX(value) FROM ceilings GROUP BY name").fetchall()
+        where, args = ("WHERE device = ?", (device,)) if device is not None else ("", ())
+        rows = conn.execute(f"SELECT name, MAX(value) FROM ceilings {where} GROUP BY name", args).fetchall()
     finally:
         conn.close()
     return dict(rows)

@@ -43,21 +43,25 @@ def compiled_checked(spec: KernelSpec, inputs, weights, device: str = "cpu"):
     return compiled
 
 
-def test_takes_only_candidates_with_a_few_linear_primitives():
-    refused = f"not 1 to {AUTOTUNE_LINEAR} linear primitives (what GEMM and convolution templates tune)"
-    assert AUTOTUNE.supports(chain(0), "cpu") == refused  # nothing to tune
+def test_takes_only_candidates_with_a_few_linear_primitives_one_tunable():
+    untuned = "no matmul (on CUDA, convolution) for Inductor's templates to tune"
+    over = f"over {AUTOTUNE_LINEAR} linear primitives (each is autotuned in its compile)"
+    assert AUTOTUNE.supports(chain(0), "cpu") == untuned  # nothing to tune
     assert AUTOTUNE.supports(chain(1), "cpu") is None
     assert AUTOTUNE.supports(chain(AUTOTUNE_LINEAR), "cpu") is None
-    assert AUTOTUNE.supports(chain(AUTOTUNE_LINEAR + 1), "cpu") == refused  # a whole model's worth
+    assert AUTOTUNE.supports(chain(AUTOTUNE_LINEAR + 1), "cpu") == over  # a whole model's worth
     # an activation times an activation: templates apply, there is no weight to freeze
     activations = chain(1)
     spec = KernelSpec("k", activations.graph, activations.inputs, activations.outputs, weights=())
     assert AUTOTUNE.supports(spec, "cpu") is None
+    # a convolution: a oneDNN call on a CPU in any mode, a Triton template's on CUDA
+    conv, _, _ = whole_spec(*conv_relu_model())
+    assert AUTOTUNE.supports(conv, "cpu") == untuned
+    assert AUTOTUNE.supports(conv, "cuda") is None
 
 
-@pytest.mark.parametrize("make", [conv_relu_model, matmul_bias_model])
-def test_matches_the_reference(make):
-    spec, inputs, weights = whole_spec(*make())
+def test_matches_the_reference():
+    spec, inputs, weights = whole_spec(*matmul_bias_model())
     assert AUTOTUNE.supports(spec, "cpu") is None
     compiled_checked(spec, inputs, weights)
 

@@ -210,7 +210,8 @@ def test_views_move_no_bytes():
 
 def test_estimates_price_a_backend_with_nothing_measured_as_far_from_its_bounds_as_the_furthest():
     """A backend new to the database (none of its kernels measured) must not look cheapest to
-    the measuring order merely because its bounds are not yet scaled like the others'."""
+    the measuring order merely because its bounds are not yet scaled like the others': it takes
+    the largest of the measured backends' ratios of measured to bound."""
     import statistics
     from types import SimpleNamespace
 
@@ -228,17 +229,21 @@ def test_estimates_price_a_backend_with_nothing_measured_as_far_from_its_bounds_
 
     specs = {f"k{n}": spec(n) for n in (64, 128, 256)}
     result = ProfileResult()
-    for key, ms in (("k64", 0.5), ("k128", 0.9)):  # "seen" measured on two keys
-        result.profiles[key] = {"seen": Profile(key, "seen", "ok", median_ms=ms)}
-    pending = {("k256", "seen"): None, ("k256", "new"): None}
-    profiler = SimpleNamespace(specs=specs, result=result, backend_names=["seen", "new"], pending=pending)
+    measured = {("k64", "near"): 0.5, ("k128", "near"): 0.9, ("k64", "far"): 5.0, ("k128", "far"): 9.0}
+    for (key, backend), ms in measured.items():
+        result.profiles.setdefault(key, {})[backend] = Profile(key, backend, "ok", median_ms=ms)
+    profiler = SimpleNamespace(
+        specs=specs, result=result, backend_names=["near", "far", "new"], pending={("k256", "new"): None}
+    )
     prices = Prices(profiler, ceilings=None)
     work = {key: kernel_work(s.graph) for key, s in specs.items()}
-    bound = {b: prices.rates.bound_ms(work["k256"], b) for b in ("seen", "new")}
-    assert prices("k256")[0] == min(bound.values())  # certifying: the bare bounds
-    measured = {k: result.profiles[k]["seen"].cost_ms for k in ("k64", "k128")}
-    scale = statistics.median(ms / prices.rates.bound_ms(work[k], "seen") for k, ms in measured.items())
-    assert scale > 1.2
-    estimate, _ = prices.estimates()("k256")
-    assert estimate == pytest.approx(min(bound.values()) * scale)  # both scaled alike, "new" not bare
-    assert estimate > bound["new"] * 1.2
+
+    def scale(backend: str) -> float:
+        ratios = [ms / prices.rates.bound_ms(work[k], b) for (k, b), ms in measured.items() if b == backend]
+        return statistics.median(ratios)
+
+    assert 1.2 < scale("near") < scale("far") / 1.5  # (the median of the two would be neither)
+    bound = prices.rates.bound_ms(work["k256"], "new")
+    assert prices("k256") == (bound, "new")  # certifying: the bare bound
+    estimate, backend = prices.estimates()("k256")
+    assert backend == "new" and estimate == pytest.approx(bound * scale("far"))
