@@ -289,16 +289,10 @@ def database_observations(path, device: str | None = None) -> list[tuple[str, Ob
     or any): what korch.orchestrate.bounds.violations checks the bounds against. The source model run whole
     is left out: an opaque kernel whose work the bound does not see."""
     import json
-    import sqlite3
 
     from korch.ir.serialize import load_graph_json
 
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        query = "SELECT key, backend, median_ms, spec, device FROM profiles WHERE status = 'ok'"
-        rows = conn.execute(query).fetchall()
-    finally:
-        conn.close()
+    rows = _read(path, "SELECT key, backend, median_ms, spec, device FROM profiles WHERE status = 'ok'")
     return [
         (key, Observation(backend, kernel_work(load_graph_json(json.loads(spec))), ms))
         for key, backend, ms, spec, on in rows
@@ -310,12 +304,16 @@ def database_ceilings(path, device: str | None = None) -> dict[str, float]:
     """The fastest of each ceiling a profile database keeps (korch.measure.roofline) for a device
     (its name with its threads, as the ceilings table has it; None: a database of one device):
     what the bounds of a run that used it rose to, for checking them afterwards."""
+    where, args = ("WHERE device = ?", (device,)) if device is not None else ("", ())
+    return dict(_read(path, f"SELECT name, MAX(value) FROM ceilings {where} GROUP BY name", args))
+
+
+def _read(path, query: str, args: tuple = ()) -> list[tuple]:
+    """The rows of one query on a profile database opened read-only (a finished run's, for checks)."""
     import sqlite3
 
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        where, args = ("WHERE device = ?", (device,)) if device is not None else ("", ())
-        rows = conn.execute(f"SELECT name, MAX(value) FROM ceilings {where} GROUP BY name", args).fetchall()
+        return conn.execute(query, args).fetchall()
     finally:
         conn.close()
-    return dict(rows)
