@@ -20,7 +20,8 @@ import torch
 
 import korch.measure.device  # noqa: F401  (float32 stays IEEE float32 wherever kernels run: see there)
 from korch.errors import KorchError
-from korch.measure import tolerance
+from korch.ir import reference
+from korch.measure import timing, tolerance
 from korch.search.kernel import KernelSpec
 
 # the implementations, "module:class", in the order they are tried and listed; imported when first
@@ -81,13 +82,17 @@ def compile_with(backend: Backend, spec: KernelSpec, device: str, weights: Weigh
     return backend.compile(spec, device, weights) if backend.bakes_weights else backend.compile(spec, device)
 
 
+_CHECKING = (tolerance, reference, timing)
+
+
 @functools.cache  # (asked for every candidate of a model: a backend's version is in its profile's key)
 def source_digest(*modules) -> str:
-    """A short hash of the modules' source and of korch's check policy (korch.measure.tolerance): part of
-    a backend's version, so that changing how korch lowers, runs or checks kernels invalidates the
-    profiles (and cached failures) measured before."""
+    """A short hash of the modules' source and of how korch checks and times every kernel (its check
+    policy, korch.measure.tolerance; the reference executor, korch.ir.reference; the timer,
+    korch.measure.timing): part of a backend's version, so that changing how korch lowers, runs,
+    checks or times kernels invalidates the profiles (and cached failures) measured before."""
     h = hashlib.sha256()
-    for module in (*modules, tolerance):
+    for module in (*modules, *_CHECKING):
         h.update(inspect.getsource(module).encode())
     return h.hexdigest()[:8]
 

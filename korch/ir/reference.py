@@ -1,10 +1,17 @@
-"""The reference executor: runs any primitive graph with numpy; the oracle for every check."""
+"""The reference executor: runs any primitive graph with numpy; the oracle for every check.
+
+Its BLAS calls (matmuls, convolutions) run in one thread. A BLAS library's worker threads spin for
+a while after each call; a kernel timed next in the same process (the profiler's timing worker
+checks a kernel, then times it) would share the cores with them, and an OpenMP kernel's every
+barrier would wait for its displaced threads."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from korch.errors import KorchError
 from korch.ir.graph import Graph
@@ -43,7 +50,7 @@ def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], wanted, step=None) 
         for v in node.inputs:
             last_use[v] = i
     keep = set(wanted) | set(graph.constants) | set(graph.inputs)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), _blas().limit(limits=1, user_api="blas"):
         for i, node in enumerate(graph.nodes):
             args = [env[v] for v in node.inputs]
             results = step(node, args) if step else node.prim.ref(args, node.a)
@@ -53,6 +60,12 @@ def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], wanted, step=None) 
                 if last_use[v] == i and v not in keep:
                     del env[v]
     return {v: np.asarray(env[v]) for v in wanted if v in env}
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    """The thread pools of the libraries loaded (numpy's BLAS among them), found once."""
+    return ThreadpoolController()
 
 
 def run(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -419,13 +419,19 @@ def test_unsorted_ends_on_the_device_give_a_result_the_check_refuses():
     assert "wrong result" in check_kernel([torch_ops.grouped_matmul_on_device(*args)], want, spec.graph)
 
 
-def test_the_check_policy_is_part_of_every_backend_version():
+def test_how_kernels_are_checked_and_timed_is_part_of_every_backend_version():
     """A kernel refused as a wrong result under one tolerance must not stay refused, from the
-    cache, under another: korch.measure.tolerance's source is hashed into each backend's version."""
+    cache, under another, nor a timing taken one way be kept once kernels are timed another:
+    the check policy's, the reference executor's and the timer's sources are hashed into each
+    backend's version."""
     import hashlib
     import inspect
 
     from korch.backends import source_digest
-    from korch.measure import tolerance
+    from korch.ir import reference
+    from korch.measure import timing, tolerance
 
-    assert source_digest() == hashlib.sha256(inspect.getsource(tolerance).encode()).hexdigest()[:8]
+    h = hashlib.sha256()
+    for module in (tolerance, reference, timing):
+        h.update(inspect.getsource(module).encode())
+    assert source_digest() == h.hexdigest()[:8]

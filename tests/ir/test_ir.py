@@ -236,3 +236,26 @@ def test_reference_run_checks_inputs():
         reference.run(g, {})
     with pytest.raises(korch.KorchError, match="the graph wants"):
         reference.run(g, {"in0": np.zeros((3, 2), "float32")})
+
+
+def test_reference_runs_blas_in_one_thread_and_restores_the_callers():
+    """A BLAS pool's threads spin after each call: a kernel timed next in the same process would
+    share the cores with them (korch.ir.reference)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads() -> set[int]:
+        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+    model, feeds = one_node_model("MatMul", [rand(8, 16), rand(16, 4)])
+    g = korch.fission(model).graph
+    seen = []
+
+    def step(node, args):
+        seen.append(blas_threads())
+        return node.prim.ref(args, node.a)
+
+    with threadpool_limits(2, user_api="blas"):
+        got = reference.evaluate(g, dict(zip(g.inputs, feeds.values())), g.outputs, step)
+        assert blas_threads() == {2}
+    assert seen and all(threads == {1} for threads in seen)
+    np.testing.assert_allclose(got[g.outputs[0]], np.matmul(*feeds.values()), rtol=1e-5)
