@@ -31,7 +31,14 @@ from korch.profile.jobs import run_job, spill_activations, write_blobs
 from korch.profile.ray_pool import make_ray_pool
 from korch.profile.workers import WorkerPool
 from korch.search.candidates import Candidate, CandidateSet
-from korch.search.kernel import SOURCE_MODEL_PREFIX, KernelSpec, kernel_graph_json, kernel_spec, runs_alone
+from korch.search.kernel import (
+    SOURCE_MODEL_PREFIX,
+    WHOLE_GRAPH_PREFIX,
+    KernelSpec,
+    kernel_graph_json,
+    kernel_spec,
+    runs_alone,
+)
 
 
 def spread_s(min_time: float, time_budget: float | None) -> float:
@@ -178,20 +185,21 @@ def _require_every_primitive(
 
 
 def _priority(job: tuple[KernelSpec, Backend], lead: frozenset[str] = frozenset()) -> tuple:
-    """Under a time budget what matters most is profiled first: the source model run whole (a
-    complete plan on its own), every single primitive in a cheap-to-compile backend and every
-    whole-partition seed (a complete plan needs them), then larger fusions first. Inductor's
+    """Under a time budget what matters most is profiled first: the source model run whole and
+    the whole primitive graph in every backend (each a complete plan on its own; the whole graph's
+    compile is the longest of a run), every single primitive in a cheap-to-compile backend and
+    every whole-partition seed (a complete plan needs them), then larger fusions first. Inductor's
     single-primitive kernels (on CUDA a Triton compile each) come after the fusions of their size:
-    a cheaper backend already gives every primitive a kernel. The keys in `lead` come before all
-    but the source model: the seeds where no source model runs whole (on CUDA, where ONNX Runtime
-    has no provider), compiled in parallel, the whole graph's first (the longest compile): the
-    partitions' seeds together make the first complete plan, and the whole graph in Inductor is
-    what torch.compile would run, where the hundreds of single primitives timed one by one would
-    take a short budget on their own."""
+    a cheaper backend already gives every primitive a kernel. The keys in `lead` come next after
+    the whole graphs: the seeds where no source model runs whole (on CUDA, where ONNX Runtime has
+    no provider), compiled in parallel: the partitions' seeds together make the first complete
+    plan, where the hundreds of single primitives timed one by one would take a short budget on
+    their own."""
     spec, backend = job
     source = spec.key.startswith(SOURCE_MODEL_PREFIX)
     return (
         not source,
+        not spec.key.startswith(WHOLE_GRAPH_PREFIX),
         spec.key not in lead,
         not essential(job),
         backend.name == "inductor",

@@ -189,6 +189,23 @@ def test_without_a_source_model_the_seeds_lead_and_cover(tmp_path):
     )
 
 
+def test_the_whole_graph_in_every_backend_is_queued_before_anything_but_the_source_model(tmp_path):
+    """Each backend's whole graph is a plan on its own: under a budget it comes before the seeds and
+    singles of the other backends. Inductor's whole graph sorted after every other essential job
+    (Segformer-B0 with Inductor, Inductor frozen and vendor at a 60 s budget: never measured)."""
+    graph = korch.fission(_layernorm_softmax_gelu()).graph
+    parts = PartitionOptions(min_nodes=8, max_nodes=12)
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=2, partition=parts))
+    add_seeds(graph, cands)
+    backends = get_backends(["onnxruntime", "inductor"])
+    opts = ProfileOptions(min_time=0.002, progress=False, jobs=1)
+    with Profiler(graph, cands, backends, ProfileDB(tmp_path / "p.sqlite"), opts) as profiler:
+        queue = [(spec.key, backend.name) for spec, backend in profiler.queue()]
+    (whole,) = [c.key for c in cands.candidates if len(c.nodes) == len(graph.nodes)]
+    assert sorted(queue[:2]) == [(whole, "inductor"), (whole, "onnxruntime")]
+    assert len(queue) > 2 and all(key != whole for key, _ in queue[2:])
+
+
 @pytest.mark.e2e
 def test_a_seed_that_is_also_an_enumerated_candidate_is_profiled_as_a_seed(tmp_path):
     """Seeds as small as the enumerated fusions share their keys: the seed must be what is
