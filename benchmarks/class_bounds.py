@@ -13,28 +13,18 @@ the others give it.
 from __future__ import annotations
 
 import argparse
-import json
-import sqlite3
 import statistics
 
 from korch.ir.prims import Kind
-from korch.ir.serialize import load_graph_json
 from korch.ir.work import kernel_work, node_flops
 from korch.orchestrate.bounds import Observation, Rates
-from korch.orchestrate.solve_measure import PROBE_PREFIX, database_ceilings
-from korch.search.kernel import SOURCE_MODEL_PREFIX
+from korch.orchestrate.solve_measure import PROBE_PREFIX, database_ceilings, database_kernels
 
 
 def load(path: str) -> list[tuple[str, Observation, list[tuple[tuple, int]]]]:
     """(key, observation, [(class, FLOPs) of each linear primitive]) of every measured kernel."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    rows = conn.execute("SELECT key, backend, median_ms, spec FROM profiles WHERE status = 'ok'").fetchall()
-    conn.close()
     found = []
-    for key, backend, ms, spec in rows:
-        if ms is None or key.startswith(SOURCE_MODEL_PREFIX):
-            continue
-        g = load_graph_json(json.loads(spec))
+    for key, backend, ms, g in database_kernels(path):
         linear = [
             ((n.prim.value, tuple(g.types[v].shape for v in n.inputs), n.attrs), node_flops(n, g.types))
             for n in g.nodes

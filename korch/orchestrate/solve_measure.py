@@ -284,20 +284,27 @@ def certify(report: SearchReport, plan_ms: float) -> None:
         report.certified_gap = max(0.0, (plan_ms - report.lower_bound_ms) / plan_ms)
 
 
-def database_observations(path, device: str | None = None) -> list[tuple[str, Observation]]:
-    """(key, observation) for every kernel a profile database holds as measured (on `device`,
-    or any): what korch.orchestrate.bounds.violations checks the bounds against. The source model run whole
-    is left out: an opaque kernel whose work the bound does not see."""
+def database_kernels(path, device: str | None = None) -> list[tuple[str, str, float, Graph]]:
+    """(key, backend, median ms, kernel graph) of every kernel a profile database holds as measured
+    (on `device`, or any), the source model run whole left out: an opaque kernel whose work no
+    bound sees."""
     import json
 
     from korch.ir.serialize import load_graph_json
 
     rows = _read(path, "SELECT key, backend, median_ms, spec, device FROM profiles WHERE status = 'ok'")
     return [
-        (key, Observation(backend, kernel_work(load_graph_json(json.loads(spec))), ms))
+        (key, backend, ms, load_graph_json(json.loads(spec)))
         for key, backend, ms, spec, on in rows
         if (device is None or on == device) and ms is not None and not key.startswith(SOURCE_MODEL_PREFIX)
     ]
+
+
+def database_observations(path, device: str | None = None) -> list[tuple[str, Observation]]:
+    """(key, observation) of each kernel of database_kernels: what
+    korch.orchestrate.bounds.violations checks the bounds against."""
+    kernels = database_kernels(path, device)
+    return [(key, Observation(backend, kernel_work(g), ms)) for key, backend, ms, g in kernels]
 
 
 def database_ceilings(path, device: str | None = None) -> dict[str, float]:
