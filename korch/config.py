@@ -33,6 +33,8 @@ RETIME_PAUSE_S = 0.1  # pause before the first retake (twice that before the sec
 # others took at least MIN_TICKS ticks and MIN_CORES of a core on average (fewer false alarms, later alarms)
 MIN_TICKS = 2
 MIN_CORES = 0.2
+# before a timing, wait at most this long for korch's own threads to stop running (korch.measure.busy.settle)
+SETTLE_MAX_S = 0.3
 
 # profiling
 # the timings that decide most (the source model alone, each plan in place) are spread over SPREAD times

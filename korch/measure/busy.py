@@ -6,16 +6,18 @@ over, since each of its barriers waits for the thread the neighbour displaced.
 The profile database keeps a timing for good, so such a timing is taken again (korch.measure.timing.time_fn).
 
 Linux only: the CPU time the whole machine spent busy (and the hypervisor stole) during a window,
-from /proc/stat, less this process's own; elsewhere nothing is seen."""
+from /proc/stat, less this process's own; elsewhere nothing is seen. And korch's own threads: a
+timing waits for the thread pools the call before left spinning (settle)."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from korch.config import MIN_CORES, MIN_TICKS
+from korch.config import MIN_CORES, MIN_TICKS, SETTLE_MAX_S
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 T = TypeVar("T")
@@ -57,6 +59,41 @@ class Window:
         others_s = (machine - self._machine) * _TICK_S - (_own_s() - self._own)
         self.others_cores = others_s / wall
         self.disturbed = others_s >= MIN_TICKS * _TICK_S and self.others_cores >= MIN_CORES
+
+
+def settle(at_most_s: float = SETTLE_MAX_S, poll_s: float = 0.001) -> float:
+    """Wait until no other thread of this process is running (at most at_most_s): the seconds
+    waited. A thread pool left spinning by the call before (ONNX Runtime's intra-op pool keeps a
+    core busy for about 40 ms after each call, numpy's OpenBLAS for longer) takes a core from
+    whatever is timed next, and a Window cannot see it: the threads are this process's. Read from
+    each thread's state in /proc (a spinning thread is running; its CPU time is only brought up to
+    date at the scheduler's ticks); where there is no /proc, nothing is waited."""
+    start = time.perf_counter()
+    while _others_running():
+        time.sleep(poll_s)
+        if time.perf_counter() - start >= at_most_s:
+            break
+    return time.perf_counter() - start
+
+
+def _others_running() -> bool:
+    """Whether a thread of this process other than the caller's is running (state R)."""
+    me = str(threading.get_native_id())
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in tids:
+        if tid == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split(None, 1)[0]
+        except (OSError, IndexError):
+            continue  # (the thread ended meanwhile)
+        if state == "R":
+            return True
+    return False
 
 
 def quietest(measure: Callable[[], T], retries: int, key: Callable[[T], float], pause_s: float = 0.0):

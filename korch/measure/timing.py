@@ -145,6 +145,8 @@ def time_fn(fn, inputs, device: str = "cpu", min_time: float = 0.05, spread_s: f
 
 def _time_once(fn, inputs, device: str, min_time: float, spread_s: float) -> Timing:
     call = functools.partial(fn, *inputs)
+    if not device.startswith("cuda"):
+        busy.settle()  # the thread pools of what ran before (a whole model in ONNX Runtime) go idle
     warm_up(call, device, calls=2)
     host_ms, single_ms = queued_ms(call, device)  # the host's part (on CPU, all of it), and the call's
     cuda = device.startswith("cuda")

@@ -192,6 +192,8 @@ class Executable:
         if cuda:  # warm-up (lazy initialisation, autotuning), then how long the host takes to queue the plan
             warm_up(lambda: self._run(feeds), device, calls=1)
             hold_ms = hold_for(queued_ms(lambda: self._run(feeds), device)[0])
+        else:
+            busy.settle()  # the thread pools of what ran before go idle
         totals, per_run = [], []
         for i in range(repeats + 1):  # the first run warms up
             if i > 1 and spread_s > 0:  # thread pools and clocks wake up after the pause
@@ -357,12 +359,14 @@ def interleave(
         if r:
             time.sleep(round_pause_s)
         # interleaved blocks (A B C, then C B A, ...), so drift on a shared machine hits every
-        # system alike and no system always follows the same one; a pause lets the previous
-        # block's spinning thread pools go idle; the first calls of each block are dropped
+        # system alike and no system always follows the same one; before each block a pause, and
+        # then a wait until the previous block's thread pools stop spinning (busy.settle: ONNX
+        # Runtime's run on for about 40 ms); the first calls of each block are dropped
         # (WAKE_CALLS): they pay for waking thread pools, which says more about the switch than
         # about the system
         for name, fn in order if r % 2 == 0 else order[::-1]:
             time.sleep(pause_s)
+            busy.settle()
             timed = repeat(functools.partial(elapsed_ms, fn, device), block_s, at_least=WAKE_CALLS + 3)
             samples[name][r] = timed[WAKE_CALLS:]
     return samples

@@ -69,6 +69,70 @@ def test_busy_window_sees_other_processes_and_not_this_one():
     assert own.others_cores < idle.others_cores + 0.5
 
 
+def _core_share_over(seconds: float) -> float:
+    """Cores this process's threads used, on average, over the next `seconds` (the caller asleep)."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    return (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="busy.settle reads Linux's /proc")
+def test_settle_waits_for_this_process_s_own_threads():
+    """The oracle: a thread known to hash (GIL released) until told to stop, then the process's
+    CPU time: settle returns only when it stopped, and at once when nothing runs."""
+    import hashlib
+    import threading
+
+    stop = threading.Event()
+    data = bytes(2**22)
+
+    def work() -> None:
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    threading.Timer(0.15, stop.set).start()
+    waited = busy.settle(at_most_s=2.0)
+    thread.join()
+    assert 0.1 <= waited < 1.5
+    assert busy.settle() < 0.05
+    stop.clear()
+    thread = threading.Thread(target=work)
+    thread.start()
+    try:  # a thread that never stops: settle gives up at at_most_s
+        assert 0.2 <= busy.settle(at_most_s=0.2) < 0.5
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="busy.settle reads Linux's /proc")
+def test_settle_outlasts_onnxruntime_s_spinning_thread_pool():
+    """ONNX Runtime's intra-op threads spin on after a call (allow_spinning, its default): a timing
+    that starts then shares a core with them. After settle, nothing of the process runs."""
+    import onnxruntime as ort
+
+    model, feeds = one_node_model("MatMul", [rand(64, 256), rand(256, 256, seed=1)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+    def run() -> None:
+        for _ in range(3):
+            sess.run(None, feeds)
+
+    spinning = []
+    for _ in range(5):
+        run()
+        spinning.append(_core_share_over(0.02))
+        run()
+        busy.settle()
+        assert _core_share_over(0.02) < 0.2
+    # the oracle that there was something to wait for: right after a call, a thread ran on
+    assert max(spinning) > 0.3
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="korch.measure.busy reads Linux's /proc/stat")
 def test_time_fn_times_again_while_the_machine_is_busy():
     a = torch.randn(64, 64)
