@@ -1,13 +1,15 @@
-"""Would tighter lower bounds hold? korch.orchestrate.bounds bounds a kernel's multiply-adds by the
-fastest FLOP rate any kernel showed, whatever it computed. Here each linear primitive (its kind,
-operand shapes and attributes: "its class") is bounded instead by the fastest rate of the measured
-kernels whose linear primitives are all of that class, divided by a margin: across all backends,
-or per backend. A kernel's bound is then the larger of korch's and the sum over its linear
-primitives. Checked leave-one-out over a profile database's measured kernels, as
+"""Would tighter lower bounds hold? Without class rates korch.orchestrate.bounds bounds a kernel's
+multiply-adds by the fastest FLOP rate any kernel showed, whatever it computed. Here each linear
+primitive (its kind, operand types and attributes: "its class") is bounded instead by the fastest
+rate of the measured kernels whose linear primitives are all of that class, raised by a margin:
+across all backends, or per backend; with --complete, only once every backend that ran a kernel
+of the class ran the class alone (what korch.orchestrate.bounds does, at CLASS_MARGIN). A
+kernel's bound is then the larger of the plain bound and the sum over its linear primitives.
+Checked leave-one-out over a profile database's measured kernels, as
 korch.orchestrate.bounds.violations checks korch's: a violation is a kernel faster than the bound
 the others give it.
 
-    python benchmarks/class_bounds.py DB.sqlite [...] [--margins 1.5,2] [--per-backend]
+    python benchmarks/class_bounds.py DB.sqlite [...] [--margins 1.5,2] [--per-backend] [--complete]
 """
 
 from __future__ import annotations
@@ -15,29 +17,25 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from korch.ir.prims import Kind
-from korch.ir.work import kernel_work, node_flops
+from korch.ir.work import kernel_work
 from korch.orchestrate.bounds import Observation, Rates
 from korch.orchestrate.solve_measure import PROBE_PREFIX, database_ceilings, database_kernels
 
 
-def load(path: str) -> list[tuple[str, Observation, list[tuple[tuple, int]]]]:
-    """(key, observation, [(class, FLOPs) of each linear primitive]) of every measured kernel."""
+def load(path: str) -> list[tuple[str, Observation, tuple, bool]]:
+    """(key, observation, ((class, FLOPs) of each linear primitive), whether it is one linear
+    primitive alone) of every measured kernel."""
     found = []
     for key, backend, ms, g in database_kernels(path):
-        linear = [
-            ((n.prim.value, tuple(g.types[v].shape for v in n.inputs), n.attrs), node_flops(n, g.types))
-            for n in g.nodes
-            if n.prim.kind == Kind.LINEAR
-        ]
-        found.append((key, Observation(backend, kernel_work(g), ms), linear))
+        work = kernel_work(g)
+        found.append((key, Observation(backend, work, ms), work.linear, work.alone))
     return found
 
 
 def class_rates(kernels, per_backend: bool) -> dict:
     """The fastest FLOPs per ms of the kernels whose linear primitives are all of one class."""
     rates: dict = {}
-    for _, o, linear in kernels:
+    for _, o, linear, _ in kernels:
         classes = {c for c, _ in linear}
         flops = sum(f for _, f in linear)
         if len(classes) == 1 and flops:
@@ -46,16 +44,39 @@ def class_rates(kernels, per_backend: bool) -> dict:
     return rates
 
 
-def check(path: str, margin: float, per_backend: bool) -> dict:
+def alone_counts(kernels) -> tuple[dict, dict]:
+    """(class -> the backends that ran a kernel holding one, (class, backend) -> the kernels of
+    that one primitive alone it ran)."""
+    capable: dict = {}
+    alone: dict = {}
+    for _, o, linear, single in kernels:
+        for c, _ in linear:
+            capable.setdefault(c, set()).add(o.backend)
+        if single:
+            alone[(linear[0][0], o.backend)] = alone.get((linear[0][0], o.backend), 0) + 1
+    return capable, alone
+
+
+def check(path: str, margin: float, per_backend: bool, complete: bool = False) -> dict:
     kernels = load(path)
     ceilings = database_ceilings(path)
-    floors = [o for key, o, _ in kernels if key.startswith(PROBE_PREFIX)]
+    floors = [o for key, o, *_ in kernels if key.startswith(PROBE_PREFIX)]
     measured = [k for k in kernels if not k[0].startswith(PROBE_PREFIX)]
+    capable, alone = alone_counts(measured)
     old, new, broken = [], [], []
-    for i, (key, o, linear) in enumerate(measured):
+    for i, (key, o, linear, single) in enumerate(measured):
         others = [*measured[:i], *measured[i + 1 :]]
         rates = Rates([x[1] for x in others] + floors, ceilings)
         by_class = class_rates(others, per_backend)
+        if complete:  # a class whose every backend ran it alone, this kernel left out
+            left = dict(alone)
+            if single:
+                left[(linear[0][0], o.backend)] -= 1
+            by_class = {
+                k: r
+                for k, r in by_class.items()
+                if all(left.get((k[0], b), 0) for b in capable.get(k[0], ()))
+            }
         bound = rates.bound_ms(o.work, o.backend)
         summed = 0.0
         for c, flops in linear:
@@ -79,13 +100,19 @@ def main() -> None:
     parser.add_argument("databases", nargs="+")
     parser.add_argument("--margins", default="1.5,2")
     parser.add_argument("--per-backend", action="store_true")
+    parser.add_argument(
+        "--complete",
+        action="store_true",
+        help="a class's rate only where every backend that ran it ran it alone",
+    )
     args = parser.parse_args()
     for path in args.databases:
         for margin in (float(m) for m in args.margins.split(",")):
-            r = check(path, margin, args.per_backend)
+            r = check(path, margin, args.per_backend, args.complete)
             worst = r["violations"][:3]
             print(
-                f"{path}: margin {margin}, {'per backend' if args.per_backend else 'across backends'}: "
+                f"{path}: margin {margin}, {'per backend' if args.per_backend else 'across backends'}"
+                f"{', complete classes' if args.complete else ''}: "
                 f"{r['kernels']} kernels, median measured/bound {r['median_measured_over_bound']} -> "
                 f"{r['with_class_rates']}, {len(r['violations'])} violations {worst}",
                 flush=True,

@@ -4,7 +4,7 @@ bounds of korch.orchestrate.bounds are made of these counts."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 from korch.ir.graph import Graph, Node
@@ -25,18 +25,31 @@ def node_flops(node: Node, types: Mapping[str, TensorType]) -> int:
 @dataclass(frozen=True)
 class Work:
     """What a kernel must do: multiply-adds counted as two FLOPs, and the bytes of its inputs read
-    once and its outputs written once (the constants baked into it are a few elements)."""
+    once and its outputs written once (the constants baked into it are a few elements); and the
+    FLOPs of each linear primitive by its class (the primitive, its operands' types and its
+    attributes: korch.orchestrate.bounds bounds each by the fastest rate its class has shown)."""
 
     flops: int
     bytes: int
+    linear: tuple[tuple[Hashable, int], ...] = ()  # (class, FLOPs) of each linear primitive
+    alone: bool = False  # one linear primitive and nothing else
 
 
 def kernel_work(graph: Graph) -> Work:
     """The work of a kernel's standalone graph (korch.search.kernel.KernelSpec.graph): bytes of the
     inputs that some primitive other than a view reads, and of the outputs that one writes."""
     types = graph.types
-    flops = sum(node_flops(node, types) for node in graph.nodes)
+    linear = tuple(
+        ((node.prim, tuple(types[v] for v in node.inputs), node.attrs), flops)
+        for node in graph.nodes
+        if (flops := node_flops(node, types))
+    )
     computing = [node for node in graph.nodes if node.prim not in VIEWS]
     read = {v for node in computing for v in node.inputs} & set(graph.inputs)
     written = {v for node in computing for v in node.outputs} & set(graph.outputs)
-    return Work(flops, sum(types[v].nbytes for v in (*read, *written)))
+    return Work(
+        sum(f for _, f in linear),
+        sum(types[v].nbytes for v in (*read, *written)),
+        linear,
+        alone=len(graph.nodes) == 1 and len(linear) == 1,
+    )

@@ -13,18 +13,25 @@ SAFETY, and the least call lowered by LAUNCH_SAFETY: a kernel not measured yet m
 seen so far, by as much as these margins allow. Small working sets run from cache, many times faster
 per byte than a large copy, so the byte rate for a kernel of B bytes is the fastest among kernels
 (and the device's copies of a few sizes, measured beside the ceilings) of at least B / SIZE_WINDOW
-bytes (all of them where none is that large). The bounds only ever order and certify: they are
-derived from the profile database's measurements, never stored as if measured.
+bytes (all of them where none is that large).
+
+A linear primitive of a kind, shapes and attributes seen before (its class) is bounded tighter: by
+the fastest rate of the kernels whose linear primitives are all of its class, raised by CLASS_MARGIN,
+once every backend that can run the class has run it alone (a kernel of that one primitive): a
+backend not measured on a class yet may beat every other on it (oneDNN ran a 16-channel depthwise
+convolution 3.7x faster than any Inductor kernel holding it). A kernel's FLOPs term is then the
+sum over its linear primitives. The bounds only ever order and certify: they are derived from the
+profile database's measurements, never stored as if measured.
 `violations` checks them against measurements (tests, benchmarks/search_bench.py)."""
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
-from korch.config import LAUNCH_SAFETY, SAFETY, SIZE_WINDOW
+from korch.config import CLASS_MARGIN, LAUNCH_SAFETY, SAFETY, SIZE_WINDOW
 from korch.ir.work import Work
 from korch.measure.roofline import sized_copies
 
@@ -43,11 +50,17 @@ class Rates:
     (korch.measure.roofline.measure_ceilings: "gflops", "bandwidth_gbs", and the copies of a few
     sizes, "bandwidth_gbs@<bytes>", as if measured kernels) as floors of the rates."""
 
-    def __init__(self, observations: Iterable[Observation], ceilings: dict | None = None):
+    def __init__(
+        self,
+        observations: Iterable[Observation],
+        ceilings: dict | None = None,
+        capable: Mapping[Hashable, set[str]] | None = None,
+    ):
         ceilings = ceilings or {}
         seen = [o for o in observations if o.ms > 0 and math.isfinite(o.ms)]
         flop_rates = [o.work.flops / o.ms for o in seen]  # FLOPs per ms
         self.flops_per_ms = SAFETY * max([ceilings.get("gflops", 0.0) * 1e6, *flop_rates])
+        self.class_rate = _class_rates(seen, capable or {})
         self.launch_ms: dict[str, float] = {}
         for o in seen:
             self.launch_ms[o.backend] = min(self.launch_ms.get(o.backend, math.inf), o.ms)
@@ -76,10 +89,40 @@ class Rates:
         terms = [self.launch_ms.get(backend, 0.0)]
         if work.flops and self.flops_per_ms > 0:
             terms.append(work.flops / self.flops_per_ms)
+            terms.append(sum(f / self.class_rate.get(c, self.flops_per_ms) for c, f in work.linear))
         if work.bytes:
             rate = self.bytes_per_ms(work.bytes)
             terms.append(work.bytes / rate if rate > 0 else 0.0)
         return max(terms)
+
+
+def _class_rates(seen: list[Observation], capable: Mapping[Hashable, set[str]]) -> dict[Hashable, float]:
+    """class -> the fastest FLOPs per ms of the kernels whose linear primitives are all of that
+    class, raised by CLASS_MARGIN; only the classes that every backend in `capable` (class -> the
+    backends that can run a kernel holding one) has run alone."""
+    fastest: dict[Hashable, float] = {}
+    alone: dict[Hashable, set[str]] = {}
+    for o in seen:
+        classes = {c for c, _ in o.work.linear}
+        if len(classes) == 1:
+            c = classes.pop()
+            fastest[c] = max(fastest.get(c, 0.0), o.work.flops / o.ms)
+            if o.work.alone:
+                alone.setdefault(c, set()).add(o.backend)
+    return {
+        c: rate * CLASS_MARGIN
+        for c, rate in fastest.items()
+        if c in capable and capable[c] <= alone.get(c, set())
+    }
+
+
+def capable_backends(pairs: Iterable[tuple[Work, str]]) -> dict[Hashable, set[str]]:
+    """class -> the backends among (work, backend) `pairs` that hold a linear primitive of it."""
+    capable: dict[Hashable, set[str]] = {}
+    for work, backend in pairs:
+        for c, _ in work.linear:
+            capable.setdefault(c, set()).add(backend)
+    return capable
 
 
 def violations(
@@ -88,11 +131,13 @@ def violations(
     """(index, bound / measured) of each observation that runs faster than the bound the others
     give it (leave-one-out: the bound of a kernel not measured yet comes from the rest), the
     `floors` (each backend's least kernel, which sets its launch floor) always among the rest.
-    Empty when every bound held."""
+    A class's rate counts where every backend that ran a kernel of it, this one included, ran
+    it alone among the rest. Empty when every bound held."""
+    capable = capable_backends((o.work, o.backend) for o in observations)
     found = []
     for i, o in enumerate(observations):
         others = [*observations[:i], *observations[i + 1 :], *floors]
-        bound = Rates(others, ceilings).bound_ms(o.work, o.backend)
+        bound = Rates(others, ceilings, capable).bound_ms(o.work, o.backend)
         if o.ms < bound:
             found.append((i, bound / o.ms))
     return found

@@ -20,7 +20,7 @@ from korch.errors import KorchError
 from korch.ir.graph import Graph, GraphBuilder
 from korch.ir.prims import Prim, TensorType
 from korch.ir.work import Work, kernel_work
-from korch.orchestrate.bounds import Observation, Rates
+from korch.orchestrate.bounds import Observation, Rates, capable_backends
 from korch.orchestrate.solver import Choice, Solution, solve
 from korch.profile.profiler import Profiler
 from korch.search.candidates import WHOLE_GRAPH, CandidateSet
@@ -73,6 +73,11 @@ class Prices:
         self.ceilings = ceilings
         self.floors = list(floors)  # least_calls
         self._work: dict[str, Work] = {}
+        # which backends can run each class of linear primitive: every pair pending or measured
+        profiles = profiler.result.profiles
+        ran = [(k, b) for k, per in profiles.items() for b, prof in per.items() if prof.cost_ms < math.inf]
+        pairs = [*self.profiler.pending, *ran]
+        self.capable = capable_backends((self.work(key), backend) for key, backend in pairs)
         self.rates = self._rates()
 
     def work(self, key: str) -> Work:
@@ -87,7 +92,7 @@ class Prices:
             for backend, prof in per_backend.items()
             if prof.cost_ms < math.inf
         ]
-        return Rates([*observations, *self.floors], self.ceilings)
+        return Rates([*observations, *self.floors], self.ceilings, self.capable)
 
     def refresh(self) -> None:
         """New measurements may have raised the fastest rates seen."""

@@ -23,6 +23,7 @@ from korch.backends import Backend, class_path
 from korch.config import SOURCE_DISCRETE_MISMATCH, SPREAD
 from korch.errors import KorchError
 from korch.ir.graph import Graph
+from korch.ir.work import node_flops
 from korch.measure import check
 from korch.measure.device import device_name
 from korch.measure.tolerance import graph_tolerance
@@ -190,7 +191,8 @@ def _priority(job: tuple[KernelSpec, Backend], lead: frozenset[str] = frozenset(
     compile is the longest of a run), every single primitive in a cheap-to-compile backend and
     every whole-partition seed (a complete plan needs them), then larger fusions first. Inductor's
     single-primitive kernels (on CUDA a Triton compile each) come after the fusions of their size:
-    a cheaper backend already gives every primitive a kernel. The keys in `lead` come next after
+    a cheaper backend already gives every primitive a kernel; but not its linear primitives alone,
+    which make their classes' bounds (essential). The keys in `lead` come next after
     the whole graphs: the seeds where no source model runs whole (on CUDA, where ONNX Runtime has
     no provider), compiled in parallel: the partitions' seeds together make the first complete
     plan, where the hundreds of single primitives timed one by one would take a short budget on
@@ -209,10 +211,14 @@ def _priority(job: tuple[KernelSpec, Backend], lead: frozenset[str] = frozenset(
 
 def essential(job: tuple[KernelSpec, Backend]) -> bool:
     """A kernel that makes plans with no fusion beside it: the source model, a whole-partition
-    seed, or a single primitive in a cheap-to-compile backend (not Inductor)."""
+    seed, or a single primitive in a cheap-to-compile backend (not Inductor); and a linear
+    primitive alone in any backend: its class's rate bounds every kernel holding one only once
+    each backend that can run it has run it alone (korch.orchestrate.bounds)."""
     spec, backend = job
-    single = len(spec.graph.nodes) == 1 and backend.name != "inductor"
-    return spec.seed or single or spec.key.startswith(SOURCE_MODEL_PREFIX)
+    nodes = spec.graph.nodes
+    linear = len(nodes) == 1 and node_flops(nodes[0], spec.graph.types) > 0
+    single = len(nodes) == 1 and backend.name != "inductor"
+    return spec.seed or single or linear or spec.key.startswith(SOURCE_MODEL_PREFIX)
 
 
 def _representatives(candidates: CandidateSet) -> dict[str, Candidate]:

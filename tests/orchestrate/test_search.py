@@ -193,6 +193,54 @@ def test_a_copy_of_a_kernels_size_bounds_it_as_a_measured_kernel_would():
     assert violations([*slow, Observation("y", small, 100_000 / 30e6)], copies) == []
 
 
+def _matmul_work(n: int, tanh: bool = False) -> Work:
+    from korch.ir.graph import GraphBuilder
+    from korch.ir.prims import Prim, TensorType
+
+    b = GraphBuilder()
+    x, w = b.input("x", TensorType((n, n), "float32")), b.input("w", TensorType((n, n), "float32"))
+    (y,) = b.emit(Prim.MATMUL, (x, w))
+    if tanh:
+        (y,) = b.emit(Prim.TANH, (y,))
+    return kernel_work(b.build([y], ["out0"]))
+
+
+def test_a_linear_primitive_is_bounded_by_its_class_once_every_backend_ran_it_alone():
+    """A 64x64 matmul's class ran at 1/100 of the device's fastest rate: a kernel holding two of
+    them is bounded by twice its class's time over CLASS_MARGIN, not by the fastest rate, but
+    only once each backend that can run the class has run it alone (the oracle: the FLOP counts
+    and the rates written out)."""
+    from korch.config import CLASS_MARGIN
+    from korch.orchestrate.bounds import capable_backends
+
+    small, big, fused = _matmul_work(64), _matmul_work(1024), _matmul_work(64, tanh=True)
+    assert small.alone and not fused.alone and small.linear == fused.linear
+    two = Work(2 * small.flops, small.bytes, small.linear * 2)
+    fastest = big.flops / 1.0  # FLOPs per ms
+    ceilings = {"gflops": fastest / 1e6, "bandwidth_gbs": 100.0}
+    small_ms = small.flops / (fastest / 100)
+    seen = [Observation("a", big, 1.0), Observation("a", small, small_ms)]
+    capable = capable_backends([(small, "a"), (fused, "b")])
+    plain = Rates(seen, ceilings).bound_ms(two, "c")  # the fastest rate, no class's
+    tight = 2 * small_ms / CLASS_MARGIN
+    assert tight > 10 * plain
+    # backend b can run the class and has not run it alone: the class's rate is not used
+    assert Rates(seen, ceilings, capable).bound_ms(two, "c") == pytest.approx(plain)
+    # b ran it only with a tanh: still not alone
+    with_fused = [*seen, Observation("b", fused, small_ms)]
+    assert Rates(with_fused, ceilings, capable).bound_ms(two, "c") == pytest.approx(plain)
+    # b ran it alone, slower than a: the fastest of the class counts, over the margin
+    both = [*with_fused, Observation("b", small, 3 * small_ms)]
+    assert Rates(both, ceilings, capable).bound_ms(two, "c") == pytest.approx(tight)
+    # without knowing which backends can run it, no class rate
+    assert Rates(both, ceilings).bound_ms(two, "c") == pytest.approx(plain)
+    # leave-one-out: the measured kernels hold against it; one that beats its class by more than
+    # the margin is a violation
+    floors = [Observation(b, Work(0, 8), 1e-4) for b in "ab"]  # (each backend's least call)
+    assert violations(both, ceilings, floors) == []
+    assert [i for i, _ in violations([*both, Observation("a", two, tight / 1.1)], ceilings, floors)] == [4]
+
+
 def test_views_move_no_bytes():
     """A broadcast returned as torch's expand ran 6.4 MB in 7.5 us on this CPU (860 GB/s): views
     neither read nor write, so a kernel of views alone is bounded by its launch floor only."""

@@ -270,6 +270,29 @@ def test_the_whole_graph_in_every_backend_is_queued_before_anything_but_the_sour
     assert len(queue) > 2 and all(key != whole for key, _ in queue[2:])
 
 
+def test_a_linear_primitive_alone_is_essential_in_inductor_too():
+    """A class of linear primitive bounds the kernels holding one only once every backend that can
+    run it ran it alone: Inductor's matmul alone is measured with the essential jobs, its other
+    single primitives after the fusions (a cheaper backend gives them a kernel)."""
+    from korch.ir.graph import GraphBuilder
+    from korch.ir.prims import Prim, TensorType
+    from korch.profile.profiler import essential
+
+    b = GraphBuilder()
+    x, w = b.input("x", TensorType((8, 16), "float32")), b.input("w", TensorType((16, 4), "float32"))
+    (y,) = b.emit(Prim.MATMUL, (x, w))
+    (z,) = b.emit(Prim.TANH, (y,))
+    graph = b.build([z], ["out0"])
+    cands = enumerate_candidates(graph, CandidateOptions(max_size=2))
+    ones = [c for c in cands.candidates if len(c.nodes) == 1]
+    singles = {graph.nodes[c.nodes[0]].prim: kernel_spec(graph, c) for c in ones}
+    pair = next(kernel_spec(graph, c) for c in cands.candidates if len(c.nodes) == 2)
+    inductor, ort = get_backends(["inductor", "onnxruntime"])
+    assert essential((singles[Prim.MATMUL], inductor)) and essential((singles[Prim.MATMUL], ort))
+    assert not essential((singles[Prim.TANH], inductor)) and essential((singles[Prim.TANH], ort))
+    assert not essential((pair, inductor)) and not essential((pair, ort))
+
+
 @pytest.mark.e2e
 def test_a_seed_that_is_also_an_enumerated_candidate_is_profiled_as_a_seed(tmp_path):
     """Seeds as small as the enumerated fusions share their keys: the seed must be what is
