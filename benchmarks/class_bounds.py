@@ -26,21 +26,22 @@ def load(path: str) -> list[tuple[str, Observation, tuple, bool]]:
     """(key, observation, ((class, FLOPs) of each linear primitive), whether it is one linear
     primitive alone) of every measured kernel."""
     found = []
-    for key, backend, ms, g in database_kernels(path):
+    for key, backend, ms, fastest, g in database_kernels(path):
         work = kernel_work(g)
-        found.append((key, Observation(backend, work, ms), work.linear, work.alone))
+        found.append((key, Observation(backend, work, ms, fastest), work.linear, work.alone))
     return found
 
 
 def class_rates(kernels, per_backend: bool) -> dict:
-    """The fastest FLOPs per ms of the kernels whose linear primitives are all of one class."""
+    """The fastest FLOPs per ms (by their fastest calls, as korch takes them) of the kernels whose
+    linear primitives are all of one class."""
     rates: dict = {}
     for _, o, linear, _ in kernels:
         classes = {c for c, _ in linear}
         flops = sum(f for _, f in linear)
         if len(classes) == 1 and flops:
             k = (classes.pop(), o.backend if per_backend else None)
-            rates[k] = max(rates.get(k, 0.0), flops / o.ms)
+            rates[k] = max(rates.get(k, 0.0), flops / min(o.ms, o.fastest_ms or o.ms))
     return rates
 
 

@@ -16,12 +16,12 @@ per byte than a large copy, so the byte rate for a kernel of B bytes is the fast
 bytes (all of them where none is that large).
 
 A linear primitive of a kind, shapes and attributes seen before (its class) is bounded tighter: by
-the fastest rate of the kernels whose linear primitives are all of its class, raised by CLASS_MARGIN,
-once every backend that can run the class has run it alone (a kernel of that one primitive): a
-backend not measured on a class yet may beat every other on it (oneDNN ran a 16-channel depthwise
-convolution 3.7x faster than any Inductor kernel holding it). A kernel's FLOPs term is then the
-sum over its linear primitives. The bounds only ever order and certify: they are derived from the
-profile database's measurements, never stored as if measured.
+the fastest rate (by their fastest calls) of the kernels whose linear primitives are all of its
+class, raised by CLASS_MARGIN, once every backend that can run the class has run it alone (a
+kernel of that one primitive): a backend not measured on a class yet may beat every other on it
+(oneDNN ran a 16-channel depthwise convolution 3.7x faster than any Inductor kernel holding it). A
+kernel's FLOPs term is then the sum over its linear primitives. The bounds only ever order and
+certify: they are derived from the profile database's measurements, never stored as if measured.
 `violations` checks them against measurements (tests, benchmarks/search_bench.py)."""
 
 from __future__ import annotations
@@ -38,11 +38,14 @@ from korch.measure.roofline import sized_copies
 
 @dataclass(frozen=True)
 class Observation:
-    """One measured kernel: its backend, work and latency."""
+    """One measured kernel: its backend, work and latency (its median call), and its fastest call
+    (a class's rate is taken from it: the machine's slow stretches inflate a median, rarely all of
+    a timing's calls)."""
 
     backend: str
     work: Work
     ms: float
+    fastest_ms: float | None = None
 
 
 class Rates:
@@ -97,16 +100,16 @@ class Rates:
 
 
 def _class_rates(seen: list[Observation], capable: Mapping[Hashable, set[str]]) -> dict[Hashable, float]:
-    """class -> the fastest FLOPs per ms of the kernels whose linear primitives are all of that
-    class, raised by CLASS_MARGIN; only the classes that every backend in `capable` (class -> the
-    backends that can run a kernel holding one) has run alone."""
+    """class -> the fastest FLOPs per ms (by their fastest calls) of the kernels whose linear
+    primitives are all of that class, raised by CLASS_MARGIN; only the classes that every backend
+    in `capable` (class -> the backends that can run a kernel holding one) has run alone."""
     fastest: dict[Hashable, float] = {}
     alone: dict[Hashable, set[str]] = {}
     for o in seen:
         classes = {c for c, _ in o.work.linear}
         if len(classes) == 1:
             c = classes.pop()
-            fastest[c] = max(fastest.get(c, 0.0), o.work.flops / o.ms)
+            fastest[c] = max(fastest.get(c, 0.0), o.work.flops / min(o.ms, o.fastest_ms or o.ms))
             if o.work.alone:
                 alone.setdefault(c, set()).add(o.backend)
     return {

@@ -87,7 +87,7 @@ class Prices:
 
     def _rates(self) -> Rates:
         observations = [
-            Observation(backend, self.work(key), prof.cost_ms)
+            Observation(backend, self.work(key), prof.cost_ms, prof.min_ms)
             for key, per_backend in self.profiler.result.profiles.items()
             for backend, prof in per_backend.items()
             if prof.cost_ms < math.inf
@@ -289,18 +289,18 @@ def certify(report: SearchReport, plan_ms: float) -> None:
         report.certified_gap = max(0.0, (plan_ms - report.lower_bound_ms) / plan_ms)
 
 
-def database_kernels(path, device: str | None = None) -> list[tuple[str, str, float, Graph]]:
-    """(key, backend, median ms, kernel graph) of every kernel a profile database holds as measured
-    (on `device`, or any), the source model run whole left out: an opaque kernel whose work no
-    bound sees."""
+def database_kernels(path, device: str | None = None) -> list[tuple[str, str, float, float | None, Graph]]:
+    """(key, backend, median ms, fastest ms, kernel graph) of every kernel a profile database holds
+    as measured (on `device`, or any), the source model run whole left out: an opaque kernel whose
+    work no bound sees."""
     import json
 
     from korch.ir.serialize import load_graph_json
 
-    rows = _read(path, "SELECT key, backend, median_ms, spec, device FROM profiles WHERE status = 'ok'")
+    query = "SELECT key, backend, median_ms, min_ms, spec, device FROM profiles WHERE status = 'ok'"
     return [
-        (key, backend, ms, load_graph_json(json.loads(spec)))
-        for key, backend, ms, spec, on in rows
+        (key, backend, ms, fastest, load_graph_json(json.loads(spec)))
+        for key, backend, ms, fastest, spec, on in _read(path, query)
         if (device is None or on == device) and ms is not None and not key.startswith(SOURCE_MODEL_PREFIX)
     ]
 
@@ -308,8 +308,10 @@ def database_kernels(path, device: str | None = None) -> list[tuple[str, str, fl
 def database_observations(path, device: str | None = None) -> list[tuple[str, Observation]]:
     """(key, observation) of each kernel of database_kernels: what
     korch.orchestrate.bounds.violations checks the bounds against."""
-    kernels = database_kernels(path, device)
-    return [(key, Observation(backend, kernel_work(g), ms)) for key, backend, ms, g in kernels]
+    return [
+        (key, Observation(backend, kernel_work(g), ms, fastest))
+        for key, backend, ms, fastest, g in database_kernels(path, device)
+    ]
 
 
 def database_ceilings(path, device: str | None = None) -> dict[str, float]:
