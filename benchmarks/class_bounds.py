@@ -16,71 +16,53 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections import Counter
 
 from korch.ir.work import kernel_work
-from korch.orchestrate.bounds import Observation, Rates
+from korch.orchestrate.bounds import Observation, Rates, capable_backends
 from korch.orchestrate.solve_measure import PROBE_PREFIX, database_ceilings, database_kernels
 
 
-def load(path: str) -> list[tuple[str, Observation, tuple, bool]]:
-    """(key, observation, ((class, FLOPs) of each linear primitive), whether it is one linear
-    primitive alone) of every measured kernel."""
-    found = []
-    for key, backend, ms, fastest, g in database_kernels(path):
-        work = kernel_work(g)
-        found.append((key, Observation(backend, work, ms, fastest), work.linear, work.alone))
-    return found
+def load(path: str) -> list[tuple[str, Observation]]:
+    """(key, observation) of every measured kernel, its work with its linear primitives' classes."""
+    return [
+        (key, Observation(backend, kernel_work(g), ms, fastest))
+        for key, backend, ms, fastest, g in database_kernels(path)
+    ]
 
 
 def class_rates(kernels, per_backend: bool) -> dict:
     """The fastest FLOPs per ms (by their fastest calls, as korch takes them) of the kernels whose
     linear primitives are all of one class."""
     rates: dict = {}
-    for _, o, linear, _ in kernels:
-        classes = {c for c, _ in linear}
-        flops = sum(f for _, f in linear)
-        if len(classes) == 1 and flops:
+    for _, o in kernels:
+        classes = {c for c, _ in o.work.linear}
+        if len(classes) == 1:
             k = (classes.pop(), o.backend if per_backend else None)
-            rates[k] = max(rates.get(k, 0.0), flops / min(o.ms, o.fastest_ms or o.ms))
+            rates[k] = max(rates.get(k, 0.0), o.work.flops / min(o.ms, o.fastest_ms or o.ms))
     return rates
-
-
-def alone_counts(kernels) -> tuple[dict, dict]:
-    """(class -> the backends that ran a kernel holding one, (class, backend) -> the kernels of
-    that one primitive alone it ran)."""
-    capable: dict = {}
-    alone: dict = {}
-    for _, o, linear, single in kernels:
-        for c, _ in linear:
-            capable.setdefault(c, set()).add(o.backend)
-        if single:
-            alone[(linear[0][0], o.backend)] = alone.get((linear[0][0], o.backend), 0) + 1
-    return capable, alone
 
 
 def check(path: str, margin: float, per_backend: bool, complete: bool = False) -> dict:
     kernels = load(path)
     ceilings = database_ceilings(path)
-    floors = [o for key, o, *_ in kernels if key.startswith(PROBE_PREFIX)]
+    floors = [o for key, o in kernels if key.startswith(PROBE_PREFIX)]
     measured = [k for k in kernels if not k[0].startswith(PROBE_PREFIX)]
-    capable, alone = alone_counts(measured)
+    capable = capable_backends((o.work, o.backend) for _, o in measured)
+    alone = Counter((o.work.linear[0][0], o.backend) for _, o in measured if o.work.alone)
     old, new, broken = [], [], []
-    for i, (key, o, linear, single) in enumerate(measured):
+    for i, (key, o) in enumerate(measured):
         others = [*measured[:i], *measured[i + 1 :]]
         rates = Rates([x[1] for x in others] + floors, ceilings)
         by_class = class_rates(others, per_backend)
         if complete:  # a class whose every backend ran it alone, this kernel left out
-            left = dict(alone)
-            if single:
-                left[(linear[0][0], o.backend)] -= 1
+            left = alone - Counter([(o.work.linear[0][0], o.backend)] if o.work.alone else [])
             by_class = {
-                k: r
-                for k, r in by_class.items()
-                if all(left.get((k[0], b), 0) for b in capable.get(k[0], ()))
+                k: r for k, r in by_class.items() if all(left[(k[0], b)] for b in capable.get(k[0], ()))
             }
         bound = rates.bound_ms(o.work, o.backend)
         summed = 0.0
-        for c, flops in linear:
+        for c, flops in o.work.linear:
             rate = by_class.get((c, o.backend if per_backend else None))
             summed += flops / (margin * rate) if rate else flops / rates.flops_per_ms
         tighter = max(bound, summed)
