@@ -63,11 +63,11 @@ class Window:
 
 def settle(at_most_s: float = SETTLE_MAX_S, poll_s: float = 0.001) -> float:
     """Wait until no other thread of this process is running (at most at_most_s): the seconds
-    waited. A thread pool left spinning by the call before (ONNX Runtime's intra-op pool keeps a
-    core busy for about 40 ms after each call, numpy's OpenBLAS for longer) takes a core from
-    whatever is timed next, and a Window cannot see it: the threads are this process's. Read from
-    each thread's state in /proc (a spinning thread is running; its CPU time is only brought up to
-    date at the scheduler's ticks); where there is no /proc, nothing is waited."""
+    waited. A thread pool left spinning by the call before (ONNX Runtime's intra-op pool, numpy's
+    OpenBLAS: they spin on after each call) takes a core from whatever is timed next, and a Window
+    cannot see it: the threads are this process's. Read from each thread's state in /proc (a
+    spinning thread is running; its CPU time is only brought up to date at the scheduler's
+    ticks); where there is no /proc, nothing is waited."""
     start = time.perf_counter()
     while _others_running():
         time.sleep(poll_s)

@@ -19,9 +19,9 @@ A linear primitive of a kind, shapes and attributes seen before (its class) is b
 the fastest rate (by their fastest calls) of the kernels whose linear primitives are all of its
 class, raised by CLASS_MARGIN, once every backend that can run the class has run it alone (a
 kernel of that one primitive): a backend not measured on a class yet may beat every other on it
-(oneDNN ran a 16-channel depthwise convolution 3.7x faster than any Inductor kernel holding it). A
-kernel's FLOPs term is then the sum over its linear primitives. The bounds only ever order and
-certify: they are derived from the profile database's measurements, never stored as if measured.
+(BENCHMARKS.md, design constants). A kernel's FLOPs term is then the sum over its linear
+primitives. The bounds only ever order and certify: they are derived from the profile database's
+measurements, never stored as if measured.
 `violations` checks them against measurements (tests, benchmarks/search_bench.py)."""
 
 from __future__ import annotations

@@ -361,7 +361,7 @@ def interleave(
         # interleaved blocks (A B C, then C B A, ...), so drift on a shared machine hits every
         # system alike and no system always follows the same one; before each block a pause, and
         # then a wait until the previous block's thread pools stop spinning (busy.settle: ONNX
-        # Runtime's run on for about 40 ms); the first calls of each block are dropped
+        # Runtime's spin on after a call); the first calls of each block are dropped
         # (WAKE_CALLS): they pay for waking thread pools, which says more about the switch than
         # about the system
         for name, fn in order if r % 2 == 0 else order[::-1]:
