@@ -115,6 +115,20 @@ class Prices:
     def measured(self, key: str, backend: str) -> bool:
         return (key, backend) not in self.profiler.pending
 
+    def probes(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The pending pairs that run alone a linear primitive of a class that the kernels of
+        `pairs` hold and whose rate the bounds cannot use yet (some backend that can run it has
+        not run it alone; korch.orchestrate.bounds): one pair per class and backend, none of
+        `pairs` itself. One such compile tightens the bound of every kernel holding the class,
+        where measuring the kernels themselves tightens one each."""
+        wanted = {c for key, _ in pairs for c, _ in self.work(key).linear if c not in self.rates.class_rate}
+        found: dict[tuple, tuple[str, str]] = {}
+        for key, backend in self.profiler.pending:
+            work = self.work(key)
+            if work.alone and work.linear[0][0] in wanted and (key, backend) not in pairs:
+                found.setdefault((work.linear[0][0], backend), (key, backend))
+        return list(found.values())
+
     def estimates(self):
         """Prices with each pending pair at its bound times its backend's median ratio of
         measured to bound (at least 1; the largest of these for a backend with none measured):
@@ -190,7 +204,10 @@ def search(
     pairs the solution uses that are not measured yet, solve again, until the solution is all
     measured or `deadline` (a time.time()) passes. Where `prices` has estimates, what their
     solution uses unmeasured is measured first (bounds several times below the truth would
-    otherwise send each round after the most optimistic candidates). (The last objective, a
+    otherwise send each round after the most optimistic candidates), then the rest of the
+    bound's solution (which holds the bound down until measured); where `prices` has probes,
+    the linear primitives alone that would let those kernels' classes bound them are measured
+    before the kernels. (The last objective, a
     lower bound on the optimum, or None where the program was not solved to optimality; the
     rounds of measuring.)"""
     rounds, lower = 0, None
@@ -203,11 +220,14 @@ def search(
         todo = _unmeasured(solution, prices)
         if not todo or deadline is not None and time.time() >= deadline:
             return lower, rounds
-        if hasattr(prices, "estimates"):  # measure what the calibrated estimates choose first
-            todo = _unmeasured(_solve(graph, found, prices.estimates(), time_limit), prices) or todo
+        if hasattr(prices, "estimates"):  # what the calibrated estimates choose, first
+            guided = _unmeasured(_solve(graph, found, prices.estimates(), time_limit), prices)
+            todo = list(dict.fromkeys([*guided, *todo]))
+        probes = prices.probes(todo) if hasattr(prices, "probes") else []
+        todo = probes or todo  # classes' probes first: they may move the next solution elsewhere
         say(
             f"search round {rounds + 1}: lower bound {solution.objective_ms:.3f} ms, "
-            f"{len(todo)} kernels to measure"
+            f"{len(todo)} {'class probes' if probes else 'kernels'} to measure"
         )
         measure(todo)
         rounds += 1

@@ -300,3 +300,91 @@ def test_estimates_price_a_backend_with_nothing_measured_as_far_from_its_bounds_
     assert prices("k256") == (bound, "new")  # certifying: the bare bound
     estimate, backend = prices.estimates()("k256")
     assert backend == "new" and estimate == pytest.approx(bound * scale("far"))
+
+
+def test_the_search_measures_a_class_alone_before_the_kernels_that_hold_it():
+    """A matmul + tanh that backend b has not measured is bounded by the fastest rate until b has
+    run the matmul alone; the round measures that single (the probe) first, and the pair's bound
+    then rises to the class's fastest time over the margin (the oracle: the rates written out)."""
+    from types import SimpleNamespace
+
+    from korch.config import CLASS_MARGIN
+    from korch.ir.graph import GraphBuilder
+    from korch.ir.prims import Prim, TensorType
+    from korch.orchestrate.solve_measure import Prices
+    from korch.profile.database import Profile
+    from korch.profile.profiler import ProfileResult
+
+    def spec(n: int, tanh: bool = False):
+        b = GraphBuilder()
+        x, w = b.input("x", TensorType((n, n), "float32")), b.input("w", TensorType((n, n), "float32"))
+        (y,) = b.emit(Prim.MATMUL, (x, w))
+        if tanh:
+            (y,) = b.emit(Prim.TANH, (y,))
+        return SimpleNamespace(graph=b.build([y], ["out0"]))
+
+    specs = {"big": spec(1024), "mm": spec(64), "mm+tanh": spec(64, tanh=True)}
+    work = {key: kernel_work(s.graph) for key, s in specs.items()}
+    big_ms = 1.0
+    mm_ms = work["mm"].flops / (work["big"].flops / big_ms) * 100  # 1/100 of the fastest rate
+    result = ProfileResult()
+    for key, backend, ms in (("big", "a", big_ms), ("mm", "a", mm_ms)):
+        result.profiles.setdefault(key, {})[backend] = Profile(key, backend, "ok", median_ms=ms)
+    pending = {("mm", "b"): None, ("mm+tanh", "b"): None, ("big", "b"): None}
+    profiler = SimpleNamespace(specs=specs, result=result, backend_names=["a", "b"], pending=pending)
+    ceilings = {"gflops": work["big"].flops / big_ms / 1e6, "bandwidth_gbs": 100.0}
+    floors = [Observation(b, Work(0, 8), 1e-4) for b in "ab"]  # (each backend's least call)
+    prices = Prices(profiler, ceilings, floors)
+    assert prices.probes([("mm+tanh", "b")]) == [("mm", "b")]
+    assert prices.probes([("big", "b")]) == []  # (the pair is its class's probe itself)
+    loose = prices.rates.bound_ms(work["mm+tanh"], "b")
+    # b runs the matmul alone, twice as slow as a: the class is complete
+    del pending[("mm", "b")]
+    result.profiles["mm"]["b"] = Profile("mm", "b", "ok", median_ms=2 * mm_ms)
+    prices.refresh()
+    assert prices.probes([("mm+tanh", "b")]) == []
+    assert prices.rates.bound_ms(work["mm+tanh"], "b") == pytest.approx(mm_ms / CLASS_MARGIN)
+    assert mm_ms / CLASS_MARGIN > 10 * loose
+
+    # in the search loop: the first round measures the probe alone, not the kernel holding it
+    class Probed(SyntheticPrices):
+        def probes(self, pairs):
+            return [
+                p for p in [("probe", "a")] if p not in self.known and any(k != "probe" for k, _ in pairs)
+            ]
+
+    graph, partitions, candidates, costs = _instance(1)
+    truth = {(c.key, "a"): costs(c.key)[0] for c in candidates}
+    truth[("probe", "a")] = 1.0
+    prices = Probed(truth, 1)
+    rounds = []
+    search(
+        graph,
+        CandidateSet(graph, partitions, candidates),
+        prices,
+        lambda p: (rounds.append(p), prices.measure(p)),
+        None,
+    )
+    assert rounds[0] == [("probe", "a")] and len(rounds) > 1
+
+
+def test_a_round_measures_the_bounds_solution_beside_the_estimates_one():
+    """The estimates order the measuring, but the lower bound rises only when the kernels of the
+    bounds' own solution are measured: a round measures both solutions' unmeasured kernels (the
+    oracle: each solved on its own, before the round)."""
+    from korch.orchestrate.solve_measure import _solve, _unmeasured
+
+    for seed in range(12):
+        graph, partitions, candidates, costs = _instance(seed)
+        truth = {(c.key, b): costs(c.key)[0] * (1.0 if b == "a" else 1.3) for c in candidates for b in "ab"}
+        prices = GuidedPrices(truth, seed, low=0.05)
+        found = CandidateSet(graph, partitions, candidates)
+        bound = set(_unmeasured(_solve(graph, found, prices, 60.0), prices))
+        guided = set(_unmeasured(_solve(graph, found, prices.estimates(), 60.0), prices))
+        if bound - guided:
+            break
+    else:
+        pytest.fail("no instance where the two solutions differ")
+    rounds = []
+    search(graph, found, prices, lambda p: (rounds.append(p), prices.measure(p)), None)
+    assert set(rounds[0]) == bound | guided
