@@ -122,10 +122,10 @@ class Prices:
         `pairs` itself. One such compile tightens the bound of every kernel holding the class,
         where measuring the kernels themselves tightens one each."""
         wanted = {c for key, _ in pairs for c, _ in self.work(key).linear if c not in self.rates.class_rate}
-        found: dict[tuple, tuple[str, str]] = {}
+        asked, found = set(pairs), {}
         for key, backend in self.profiler.pending:
             work = self.work(key)
-            if work.alone and work.linear[0][0] in wanted and (key, backend) not in pairs:
+            if work.alone and work.linear[0][0] in wanted and (key, backend) not in asked:
                 found.setdefault((work.linear[0][0], backend), (key, backend))
         return list(found.values())
 
@@ -207,9 +207,8 @@ def search(
     otherwise send each round after the most optimistic candidates), then the rest of the
     bound's solution (which holds the bound down until measured); where `prices` has probes,
     the linear primitives alone that would let those kernels' classes bound them are measured
-    before the kernels. (The last objective, a
-    lower bound on the optimum, or None where the program was not solved to optimality; the
-    rounds of measuring.)"""
+    before the kernels. (The last objective, a lower bound on the optimum, or None where the
+    program was not solved to optimality; the rounds of measuring.)"""
     rounds, lower = 0, None
     while True:
         try:
