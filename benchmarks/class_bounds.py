@@ -3,13 +3,15 @@ multiply-adds by the fastest FLOP rate any kernel showed, whatever it computed. 
 primitive (its kind, operand types and attributes: "its class") is bounded instead by the fastest
 rate of the measured kernels whose linear primitives are all of that class, raised by a margin:
 across all backends, or per backend; with --complete, only once every backend that ran a kernel
-of the class ran the class alone (what korch.orchestrate.bounds does, at CLASS_MARGIN). A
-kernel's bound is then the larger of the plain bound and the sum over its linear primitives.
-Checked leave-one-out over a profile database's measured kernels, as
+of the class ran the class alone (what korch.orchestrate.bounds does, at CLASS_MARGIN); with
+--margin-one, a kernel holding one linear primitive takes that margin instead (as korch's
+CLASS_MARGIN_ONE). A kernel's bound is then the larger of the plain bound and the sum over its
+linear primitives. Checked leave-one-out over a profile database's measured kernels, as
 korch.orchestrate.bounds.violations checks korch's: a violation is a kernel faster than the bound
 the others give it.
 
-    python benchmarks/class_bounds.py DB.sqlite [...] [--margins 1.5,2] [--per-backend] [--complete]
+    python benchmarks/class_bounds.py DB.sqlite [...] [--margins 1.5,2] [--margin-one 1.25]
+        [--per-backend] [--complete]
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ def class_rates(kernels, per_backend: bool) -> dict:
     return rates
 
 
-def check(path: str, margin: float, per_backend: bool, complete: bool = False) -> dict:
+def check(
+    path: str, margin: float, per_backend: bool, complete: bool = False, margin_one: float | None = None
+) -> dict:
     kernels = load(path)
     ceilings = database_ceilings(path)
     floors = [o for key, o in kernels if key.startswith(PROBE_PREFIX)]
@@ -62,14 +66,22 @@ def check(path: str, margin: float, per_backend: bool, complete: bool = False) -
             }
         bound = rates.bound_ms(o.work, o.backend)
         summed = 0.0
+        raise_by = margin_one if margin_one and len(o.work.linear) == 1 else margin
         for c, flops in o.work.linear:
             rate = by_class.get((c, o.backend if per_backend else None))
-            summed += flops / (margin * rate) if rate else flops / rates.flops_per_ms
+            summed += flops / (raise_by * rate) if rate else flops / rates.flops_per_ms
         tighter = max(bound, summed)
         old.append(o.ms / bound)
         new.append(o.ms / tighter)
         if o.ms < tighter:
-            broken.append({"key": key, "backend": o.backend, "bound_over_measured": round(tighter / o.ms, 2)})
+            broken.append(
+                {
+                    "key": key,
+                    "backend": o.backend,
+                    "linear": len(o.work.linear),
+                    "bound_over_measured": round(tighter / o.ms, 2),
+                }
+            )
     return {
         "kernels": len(measured),
         "median_measured_over_bound": round(statistics.median(old), 2),
@@ -82,6 +94,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("databases", nargs="+")
     parser.add_argument("--margins", default="1.5,2")
+    parser.add_argument(
+        "--margin-one", type=float, help="the margin for a kernel holding one linear primitive"
+    )
     parser.add_argument("--per-backend", action="store_true")
     parser.add_argument(
         "--complete",
@@ -91,11 +106,12 @@ def main() -> None:
     args = parser.parse_args()
     for path in args.databases:
         for margin in (float(m) for m in args.margins.split(",")):
-            r = check(path, margin, args.per_backend, args.complete)
+            r = check(path, margin, args.per_backend, args.complete, args.margin_one)
             worst = r["violations"][:3]
             print(
                 f"{path}: margin {margin}, {'per backend' if args.per_backend else 'across backends'}"
-                f"{', complete classes' if args.complete else ''}: "
+                f"{', complete classes' if args.complete else ''}"
+                f"{f', margin {args.margin_one} for one linear primitive' if args.margin_one else ''}: "
                 f"{r['kernels']} kernels, median measured/bound {r['median_measured_over_bound']} -> "
                 f"{r['with_class_rates']}, {len(r['violations'])} violations {worst}",
                 flush=True,

@@ -17,11 +17,12 @@ bytes (all of them where none is that large).
 
 A linear primitive of a kind, shapes and attributes seen before (its class) is bounded tighter: by
 the fastest rate (by their fastest calls) of the kernels whose linear primitives are all of its
-class, raised by CLASS_MARGIN, once every backend that can run the class has run it alone (a
-kernel of that one primitive): a backend not measured on a class yet may beat every other on it
-(BENCHMARKS.md, design constants). A kernel's FLOPs term is then the sum over its linear
-primitives. The bounds only ever order and certify: they are derived from the profile database's
-measurements, never stored as if measured.
+class, raised by CLASS_MARGIN (by CLASS_MARGIN_ONE in a kernel holding no other linear primitive:
+kernels holding several have beaten their classes' rates by more), once every backend that can run
+the class has run it alone (a kernel of that one primitive): a backend not measured on a class yet
+may beat every other on it (BENCHMARKS.md, design constants). A kernel's FLOPs term is then the
+sum over its linear primitives. The bounds only ever order and certify: they are derived from the
+profile database's measurements, never stored as if measured.
 `violations` checks them against measurements (tests, benchmarks/search_bench.py)."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
-from korch.config import CLASS_MARGIN, LAUNCH_SAFETY, SAFETY, SIZE_WINDOW
+from korch.config import CLASS_MARGIN, CLASS_MARGIN_ONE, LAUNCH_SAFETY, SAFETY, SIZE_WINDOW
 from korch.ir.work import Work
 from korch.measure.roofline import sized_copies
 
@@ -92,7 +93,9 @@ class Rates:
         terms = [self.launch_ms.get(backend, 0.0)]
         if work.flops and self.flops_per_ms > 0:
             terms.append(work.flops / self.flops_per_ms)
-            terms.append(sum(f / self.class_rate.get(c, self.flops_per_ms) for c, f in work.linear))
+            margin = CLASS_MARGIN_ONE if len(work.linear) == 1 else CLASS_MARGIN
+            rate = {c: margin * r for c, r in self.class_rate.items()}
+            terms.append(sum(f / rate.get(c, self.flops_per_ms) for c, f in work.linear))
         if work.bytes:
             rate = self.bytes_per_ms(work.bytes)
             terms.append(work.bytes / rate if rate > 0 else 0.0)
@@ -101,8 +104,8 @@ class Rates:
 
 def _class_rates(seen: list[Observation], capable: Mapping[Hashable, set[str]]) -> dict[Hashable, float]:
     """class -> the fastest FLOPs per ms (by their fastest calls) of the kernels whose linear
-    primitives are all of that class, raised by CLASS_MARGIN; only the classes that every backend
-    in `capable` (class -> the backends that can run a kernel holding one) has run alone."""
+    primitives are all of that class (bound_ms raises it by a margin); only the classes that every
+    backend in `capable` (class -> the backends that can run a kernel holding one) has run alone."""
     fastest: dict[Hashable, float] = {}
     alone: dict[Hashable, set[str]] = {}
     for o in seen:
@@ -112,11 +115,7 @@ def _class_rates(seen: list[Observation], capable: Mapping[Hashable, set[str]]) 
             fastest[c] = max(fastest.get(c, 0.0), o.work.flops / min(o.ms, o.fastest_ms or o.ms))
             if o.work.alone:
                 alone.setdefault(c, set()).add(o.backend)
-    return {
-        c: rate * CLASS_MARGIN
-        for c, rate in fastest.items()
-        if c in capable and capable[c] <= alone.get(c, set())
-    }
+    return {c: rate for c, rate in fastest.items() if c in capable and capable[c] <= alone.get(c, set())}
 
 
 def capable_backends(pairs: Iterable[tuple[Work, str]]) -> dict[Hashable, set[str]]:

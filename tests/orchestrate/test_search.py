@@ -207,10 +207,11 @@ def _matmul_work(n: int, tanh: bool = False) -> Work:
 
 def test_a_linear_primitive_is_bounded_by_its_class_once_every_backend_ran_it_alone():
     """A 64x64 matmul's class ran at 1/100 of the device's fastest rate: a kernel holding two of
-    them is bounded by twice its class's time over CLASS_MARGIN, not by the fastest rate, but
-    only once each backend that can run the class has run it alone (the oracle: the FLOP counts
-    and the rates written out)."""
-    from korch.config import CLASS_MARGIN
+    them is bounded by twice its class's time over CLASS_MARGIN, and one holding one of them by
+    its class's time over CLASS_MARGIN_ONE, not by the fastest rate, but only once each backend
+    that can run the class has run it alone (the oracle: the FLOP counts and the rates written
+    out)."""
+    from korch.config import CLASS_MARGIN, CLASS_MARGIN_ONE
     from korch.orchestrate.bounds import capable_backends
 
     small, big, fused = _matmul_work(64), _matmul_work(1024), _matmul_work(64, tanh=True)
@@ -244,6 +245,14 @@ def test_a_linear_primitive_is_bounded_by_its_class_once_every_backend_ran_it_al
     floors = [Observation(b, Work(0, 8), 1e-4) for b in "ab"]  # (each backend's least call)
     assert violations(both, ceilings, floors) == []
     assert [i for i, _ in violations([*both, Observation("a", two, tight / 1.1)], ceilings, floors)] == [4]
+    # a kernel holding that one matmul (with a tanh) takes the tighter margin: a matmul + tanh
+    # faster than that is a violation, though within CLASS_MARGIN of its class
+    assert CLASS_MARGIN_ONE < CLASS_MARGIN
+    one = small_ms / CLASS_MARGIN_ONE
+    assert Rates(both, ceilings, capable).bound_ms(fused, "c") == pytest.approx(one)
+    fast_fused = Observation("a", fused, one / 1.1)
+    assert fast_fused.ms > small_ms / CLASS_MARGIN
+    assert [i for i, _ in violations([*both, fast_fused], ceilings, floors)] == [4]
 
 
 def test_views_move_no_bytes():
@@ -308,7 +317,7 @@ def test_the_search_measures_a_class_alone_before_the_kernels_that_hold_it():
     then rises to the class's fastest time over the margin (the oracle: the rates written out)."""
     from types import SimpleNamespace
 
-    from korch.config import CLASS_MARGIN
+    from korch.config import CLASS_MARGIN_ONE
     from korch.ir.graph import GraphBuilder
     from korch.ir.prims import Prim, TensorType
     from korch.orchestrate.solve_measure import Prices
@@ -343,8 +352,8 @@ def test_the_search_measures_a_class_alone_before_the_kernels_that_hold_it():
     result.profiles["mm"]["b"] = Profile("mm", "b", "ok", median_ms=2 * mm_ms)
     prices.refresh()
     assert prices.probes([("mm+tanh", "b")]) == []
-    assert prices.rates.bound_ms(work["mm+tanh"], "b") == pytest.approx(mm_ms / CLASS_MARGIN)
-    assert mm_ms / CLASS_MARGIN > 10 * loose
+    assert prices.rates.bound_ms(work["mm+tanh"], "b") == pytest.approx(mm_ms / CLASS_MARGIN_ONE)
+    assert mm_ms / CLASS_MARGIN_ONE > 10 * loose
 
     # in the search loop: the first round measures the probe alone, not the kernel holding it
     class Probed(SyntheticPrices):
