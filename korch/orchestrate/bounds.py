@@ -19,8 +19,10 @@ A linear primitive of a kind, shapes and attributes seen before (its class) is b
 the fastest rate (by their fastest calls) of the kernels whose linear primitives are all of its
 class, raised by CLASS_MARGIN (by CLASS_MARGIN_ONE in a kernel holding no other linear primitive:
 kernels holding several have beaten their classes' rates by more), once every backend that can run
-the class has run it alone (a kernel of that one primitive): a backend not measured on a class yet
-may beat every other on it (BENCHMARKS.md, design constants). A kernel's FLOPs term is then the
+the class alone (a kernel of that one primitive) has: a backend not measured on a class yet may
+beat every other on it (BENCHMARKS.md, design constants). A backend that cannot run it alone is
+not waited for (inductor-frozen refuses a linear primitive that reads no weight: there is nothing
+to freeze, and it runs kernels holding one only beside one that does). A kernel's FLOPs term is then the
 sum over its linear primitives. The bounds only ever order and certify: they are derived from the
 profile database's measurements, never stored as if measured.
 `violations` checks them against measurements (tests, benchmarks/search_bench.py)."""
@@ -105,7 +107,7 @@ class Rates:
 def _class_rates(seen: list[Observation], capable: Mapping[Hashable, set[str]]) -> dict[Hashable, float]:
     """class -> the fastest FLOPs per ms (by their fastest calls) of the kernels whose linear
     primitives are all of that class (bound_ms raises it by a margin); only the classes that every
-    backend in `capable` (class -> the backends that can run a kernel holding one) has run alone."""
+    backend in `capable` (class -> the backends that can run it alone) has run alone."""
     fastest: dict[Hashable, float] = {}
     alone: dict[Hashable, set[str]] = {}
     for o in seen:
@@ -119,11 +121,11 @@ def _class_rates(seen: list[Observation], capable: Mapping[Hashable, set[str]]) 
 
 
 def capable_backends(pairs: Iterable[tuple[Work, str]]) -> dict[Hashable, set[str]]:
-    """class -> the backends among (work, backend) `pairs` that hold a linear primitive of it."""
+    """class -> the backends among (work, backend) `pairs` that run a linear primitive of it alone."""
     capable: dict[Hashable, set[str]] = {}
     for work, backend in pairs:
-        for c, _ in work.linear:
-            capable.setdefault(c, set()).add(backend)
+        if work.alone:
+            capable.setdefault(work.linear[0][0], set()).add(backend)
     return capable
 
 
@@ -133,8 +135,8 @@ def violations(
     """(index, bound / measured) of each observation that runs faster than the bound the others
     give it (leave-one-out: the bound of a kernel not measured yet comes from the rest), the
     `floors` (each backend's least kernel, which sets its launch floor) always among the rest.
-    A class's rate counts where every backend that ran a kernel of it, this one included, ran
-    it alone among the rest. Empty when every bound held."""
+    A class's rate counts where every backend that ran it alone, in this one or the rest, ran it
+    alone among the rest. Empty when every bound held."""
     capable = capable_backends((o.work, o.backend) for o in observations)
     found = []
     for i, o in enumerate(observations):

@@ -73,7 +73,7 @@ class Prices:
         self.ceilings = ceilings
         self.floors = list(floors)  # least_calls
         self._work: dict[str, Work] = {}
-        # which backends can run each class of linear primitive: every pair pending or measured
+        # which backends can run each class of linear primitive alone: every pair pending or measured
         profiles = profiler.result.profiles
         ran = [(k, b) for k, per in profiles.items() for b, prof in per.items() if prof.cost_ms < math.inf]
         pairs = [*self.profiler.pending, *ran]
@@ -117,9 +117,9 @@ class Prices:
 
     def probes(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The pending pairs that run alone a linear primitive of a class that the kernels of
-        `pairs` hold and whose rate the bounds cannot use yet (some backend that can run it has
-        not run it alone; korch.orchestrate.bounds): one pair per class and backend, none of
-        `pairs` itself. One such compile tightens the bound of every kernel holding the class,
+        `pairs` hold and whose rate the bounds cannot use yet (some backend that can run it alone
+        has not; korch.orchestrate.bounds): one pair per class and backend, none of `pairs`
+        itself. One such compile tightens the bound of every kernel holding the class,
         where measuring the kernels themselves tightens one each."""
         wanted = {c for key, _ in pairs for c, _ in self.work(key).linear if c not in self.rates.class_rate}
         asked, found = set(pairs), {}

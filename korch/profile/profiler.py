@@ -213,7 +213,7 @@ def essential(job: tuple[KernelSpec, Backend]) -> bool:
     """A kernel that makes plans with no fusion beside it: the source model, a whole-partition
     seed, or a single primitive in a cheap-to-compile backend (not Inductor); and a linear
     primitive alone in any backend: its class's rate bounds every kernel holding one only once
-    each backend that can run it has run it alone (korch.orchestrate.bounds)."""
+    each backend that can run it alone has (korch.orchestrate.bounds)."""
     spec, backend = job
     nodes = spec.graph.nodes
     linear = len(nodes) == 1 and node_flops(nodes[0], spec.graph.types) > 0

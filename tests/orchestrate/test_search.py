@@ -221,12 +221,16 @@ def test_a_linear_primitive_is_bounded_by_its_class_once_every_backend_ran_it_al
     ceilings = {"gflops": fastest / 1e6, "bandwidth_gbs": 100.0}
     small_ms = small.flops / (fastest / 100)
     seen = [Observation("a", big, 1.0), Observation("a", small, small_ms)]
-    capable = capable_backends([(small, "a"), (fused, "b")])
+    capable = capable_backends([(small, "a"), (fused, "b"), (small, "b")])
     plain = Rates(seen, ceilings).bound_ms(two, "c")  # the fastest rate, no class's
     tight = 2 * small_ms / CLASS_MARGIN
     assert tight > 10 * plain
-    # backend b can run the class and has not run it alone: the class's rate is not used
+    # backend b can run the class alone and has not: the class's rate is not used
     assert Rates(seen, ceilings, capable).bound_ms(two, "c") == pytest.approx(plain)
+    # where b cannot run it alone (as inductor-frozen a matmul reading no weight), it is not waited for
+    only_held = capable_backends([(small, "a"), (fused, "b")])
+    assert only_held == {small.linear[0][0]: {"a"}}
+    assert Rates(seen, ceilings, only_held).bound_ms(two, "c") == pytest.approx(tight)
     # b ran it only with a tanh: still not alone
     with_fused = [*seen, Observation("b", fused, small_ms)]
     assert Rates(with_fused, ceilings, capable).bound_ms(two, "c") == pytest.approx(plain)
