@@ -22,9 +22,9 @@ kernels holding several have beaten their classes' rates by more), once every ba
 the class alone (a kernel of that one primitive) has: a backend not measured on a class yet may
 beat every other on it (BENCHMARKS.md, design constants). A backend that cannot run it alone is
 not waited for (inductor-frozen refuses a linear primitive that reads no weight: there is nothing
-to freeze, and it runs kernels holding one only beside one that does). A kernel's FLOPs term is then the
-sum over its linear primitives. The bounds only ever order and certify: they are derived from the
-profile database's measurements, never stored as if measured.
+to freeze, and it runs kernels holding one only beside one that does). A kernel's FLOPs term is
+then the sum over its linear primitives. The bounds only ever order and certify: they are derived
+from the profile database's measurements, never stored as if measured.
 `violations` checks them against measurements (tests, benchmarks/search_bench.py)."""
 
 from __future__ import annotations
@@ -95,13 +95,21 @@ class Rates:
         terms = [self.launch_ms.get(backend, 0.0)]
         if work.flops and self.flops_per_ms > 0:
             terms.append(work.flops / self.flops_per_ms)
-            margin = CLASS_MARGIN_ONE if len(work.linear) == 1 else CLASS_MARGIN
-            rate = {c: margin * r for c, r in self.class_rate.items()}
-            terms.append(sum(f / rate.get(c, self.flops_per_ms) for c, f in work.linear))
+            terms.append(self._by_class_ms(work))
         if work.bytes:
             rate = self.bytes_per_ms(work.bytes)
             terms.append(work.bytes / rate if rate > 0 else 0.0)
         return max(terms)
+
+    def _by_class_ms(self, work: Work) -> float:
+        """Each linear primitive's FLOPs at its class's rate raised by the margin (at the fastest
+        rate where its class has none), summed."""
+        margin = CLASS_MARGIN_ONE if len(work.linear) == 1 else CLASS_MARGIN
+        ms = 0.0
+        for c, flops in work.linear:
+            rate = self.class_rate.get(c)
+            ms += flops / (margin * rate) if rate else flops / self.flops_per_ms
+        return ms
 
 
 def _class_rates(seen: list[Observation], capable: Mapping[Hashable, set[str]]) -> dict[Hashable, float]:
