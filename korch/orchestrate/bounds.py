@@ -92,14 +92,18 @@ class Rates:
 
     def bound_ms(self, work: Work, backend: str) -> float:
         """A lower bound on the latency of a kernel doing `work` in `backend`."""
-        terms = [self.launch_ms.get(backend, 0.0)]
+        return max(self.terms(work, backend).values())
+
+    def terms(self, work: Work, backend: str) -> dict[str, float]:
+        """The bound's terms by name ("launch", "flops", "class", "bytes"): the bound is the largest."""
+        terms = {"launch": self.launch_ms.get(backend, 0.0)}
         if work.flops and self.flops_per_ms > 0:
-            terms.append(work.flops / self.flops_per_ms)
-            terms.append(self._by_class_ms(work))
+            terms["flops"] = work.flops / self.flops_per_ms
+            terms["class"] = self._by_class_ms(work)
         if work.bytes:
             rate = self.bytes_per_ms(work.bytes)
-            terms.append(work.bytes / rate if rate > 0 else 0.0)
-        return max(terms)
+            terms["bytes"] = work.bytes / rate if rate > 0 else 0.0
+        return terms
 
     def _by_class_ms(self, work: Work) -> float:
         """Each linear primitive's FLOPs at its class's rate raised by the margin (at the fastest
