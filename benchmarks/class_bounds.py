@@ -2,8 +2,8 @@
 multiply-adds by the fastest FLOP rate any kernel showed, whatever it computed. Here each linear
 primitive (its kind, operand types and attributes: "its class") is bounded instead by the fastest
 rate of the measured kernels whose linear primitives are all of that class, raised by a margin:
-across all backends, or per backend; with --complete, only once every backend that ran a kernel
-of the class ran the class alone (what korch.orchestrate.bounds does, at CLASS_MARGIN); with
+across all backends, or per backend; with --complete, only once every backend that ran the class
+alone in the database ran it alone among the other kernels (what korch.orchestrate.bounds does); with
 --margin-one, a kernel holding one linear primitive takes that margin instead (as korch's
 CLASS_MARGIN_ONE). A kernel's bound is then the larger of the plain bound and the sum over its
 linear primitives. Checked leave-one-out over a profile database's measured kernels, as
@@ -59,7 +59,7 @@ def check(
         others = [*measured[:i], *measured[i + 1 :]]
         rates = Rates([x[1] for x in others] + floors, ceilings)
         by_class = class_rates(others, per_backend)
-        if complete:  # a class whose every backend ran it alone, this kernel left out
+        if complete:  # a class that each backend running it alone ran alone, this kernel left out
             left = alone - Counter([(o.work.linear[0][0], o.backend)] if o.work.alone else [])
             by_class = {
                 k: r for k, r in by_class.items() if all(left[(k[0], b)] for b in capable.get(k[0], ()))
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument(
         "--complete",
         action="store_true",
-        help="a class's rate only where every backend that ran it ran it alone",
+        help="a class's rate only where every backend that ran it alone ran it alone among the rest",
     )
     args = parser.parse_args()
     for path in args.databases:

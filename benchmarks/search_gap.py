@@ -74,7 +74,7 @@ def main() -> None:
     print(f"{'backend':16s} {'priced as':16s} {'kernels':>7s} {'ms':>9s}")
     for (backend, what), (count, ms) in sorted(by.items(), key=lambda item: -item[1][1]):
         print(f"{backend:16s} {what:16s} {count:7d} {ms:9.3f}")
-    print(f"largest bounded ({'ms':s}, backend, binding term, primitives, linear primitives):")
+    print("largest bounded (ms, backend, binding term, primitives, linear primitives):")
     for row in sorted(bounded, reverse=True)[: args.top]:
         print(f"  {row[0]:.3f}", *row[1:])
 
