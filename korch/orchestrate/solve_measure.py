@@ -129,6 +129,14 @@ class Prices:
                 found.setdefault((work.linear[0][0], backend), (key, backend))
         return list(found.values())
 
+    def rivals(self, key: str, backend: str) -> list[tuple[str, str]]:
+        """The key's other pairs pending: the same kernel in the other backends that can run it."""
+        return [
+            (key, b)
+            for b in self.profiler.backend_names
+            if b != backend and (key, b) in self.profiler.pending
+        ]
+
     def estimates(self):
         """Prices with each pending pair at its bound times its backend's median ratio of
         measured to bound (at least 1; the largest of these for a backend with none measured):
@@ -203,12 +211,14 @@ def search(
     """Solve with `prices` (measured costs and bounds: a Prices), `measure` the (key, backend)
     pairs the solution uses that are not measured yet, solve again, until the solution is all
     measured or `deadline` (a time.time()) passes. Where `prices` has estimates, what their
-    solution uses unmeasured is measured first (bounds several times below the truth would
-    otherwise send each round after the most optimistic candidates), then the rest of the
-    bound's solution (which holds the bound down until measured); where `prices` has probes,
-    the linear primitives alone that would let those kernels' classes bound them are measured
-    before the kernels. (The last objective, a lower bound on the optimum, or None where the
-    program was not solved to optimality; the rounds of measuring.)"""
+    solution uses unmeasured is measured too (bounds several times below the truth would
+    otherwise send each round after the most optimistic candidates), beside the bound's
+    solution (which holds the bound down until measured); the kernels priced highest in either
+    solution first, and where `prices` has rivals, each with the same kernel in its other
+    backends. Where `prices` has probes, the linear primitives alone that would let those
+    kernels' classes bound them are measured before the kernels. (The last objective, a lower
+    bound on the optimum, or None where the program was not solved to optimality; the rounds of
+    measuring.)"""
     rounds, lower = 0, None
     while True:
         try:
@@ -219,11 +229,16 @@ def search(
         todo = _unmeasured(solution, prices)
         if not todo or deadline is not None and time.time() >= deadline:
             return lower, rounds
-        if hasattr(prices, "estimates"):  # what the calibrated estimates choose, first
-            guided = _unmeasured(_solve(graph, found, prices.estimates(), time_limit), prices)
-            todo = list(dict.fromkeys([*guided, *todo]))
+        weight = _weights(solution)
+        if hasattr(prices, "estimates"):  # what the calibrated estimates choose, too
+            guided = _solve(graph, found, prices.estimates(), time_limit)
+            todo = list(dict.fromkeys([*_unmeasured(guided, prices), *todo]))
+            for key, ms in _weights(guided).items():
+                weight[key] = max(weight.get(key, 0.0), ms)
         probes = prices.probes(todo) if hasattr(prices, "probes") else []
-        todo = probes or todo  # classes' probes first: they may move the next solution elsewhere
+        # classes' probes first: they may move the next solution elsewhere; else the kernels that
+        # hold the most of the solutions first, each with its rivals
+        todo = probes or _heaviest_first(todo, weight, getattr(prices, "rivals", None))
         say(
             f"search round {rounds + 1}: lower bound {solution.objective_ms:.3f} ms, "
             f"{len(todo)} {'class probes' if probes else 'kernels'} to measure"
@@ -235,6 +250,29 @@ def search(
 
 def _solve(graph: Graph, found: CandidateSet, cost, time_limit: float) -> Solution:
     return _best(found, solve(graph, found.partitions, found.candidates, cost, time_limit), cost)
+
+
+def _weights(solution: Solution) -> dict[str, float]:
+    """key -> the ms the solution prices its uses of the key at, summed (a kernel of a repeated
+    block is chosen once per block)."""
+    weight: dict[str, float] = {}
+    for choice in solution.chosen:
+        weight[choice.candidate.key] = weight.get(choice.candidate.key, 0.0) + choice.cost_ms
+    return weight
+
+
+def _heaviest_first(
+    pairs: list[tuple[str, str]], weight: dict[str, float], rivals=None
+) -> list[tuple[str, str]]:
+    """`pairs` by the weight of their keys, the heaviest first (a deadline cuts the lightest), each
+    followed by its `rivals` (the key's pending pairs in the other backends), where given. A key's
+    bounds differ between backends by their least calls only, so a solution that finds one pair
+    slower than its bound takes the same key in the next backend: measured together, a key rises
+    to its true price in one round, not in one round per backend."""
+    ordered = sorted(pairs, key=lambda pair: -weight.get(pair[0], 0.0))
+    if rivals is None:
+        return ordered
+    return list(dict.fromkeys(p for pair in ordered for p in (pair, *rivals(*pair))))
 
 
 def _unmeasured(solution: Solution, prices) -> list[tuple[str, str]]:
