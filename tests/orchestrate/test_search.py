@@ -401,3 +401,34 @@ def test_a_round_measures_the_bounds_solution_beside_the_estimates_one():
     rounds = []
     search(graph, found, prices, lambda p: (rounds.append(p), prices.measure(p)), None)
     assert set(rounds[0]) == bound | guided
+
+
+def test_a_round_measures_the_heaviest_kernels_first_each_with_its_rivals():
+    """A kernel's bounds in two backends are nearly equal, so a round that measured only the
+    chosen backend would leave the other for the next round: each pair comes with the same key's
+    pending pair in the other backend, the keys the solution prices highest first (the oracle: the
+    bound's solution solved on its own, its costs summed per key)."""
+    from korch.orchestrate.solve_measure import _solve
+
+    class WithRivals(SyntheticPrices):
+        def rivals(self, key, backend):
+            return [(k, b) for (k, b) in self.truth if k == key and b != backend and (k, b) not in self.known]
+
+    graph, partitions, candidates, costs = _instance(5)
+    truth = {(c.key, b): costs(c.key)[0] * (1.0 if b == "a" else 1.2) for c in candidates for b in "ab"}
+    prices = WithRivals(truth, 5)
+    found = CandidateSet(graph, partitions, candidates)
+    solution = _solve(graph, found, prices, 60.0)
+    weight = {}
+    for choice in solution.chosen:
+        weight[choice.candidate.key] = weight.get(choice.candidate.key, 0.0) + choice.cost_ms
+    assert len(set(weight.values())) > 2  # (an order to check)
+    rounds = []
+    lower, _ = search(graph, found, prices, lambda p: (rounds.append(p), prices.measure(p)), None)
+    first = rounds[0]
+    assert {k for k, _ in first} == set(weight) and len(first) == 2 * len(weight)  # both backends of each
+    keys = list(dict.fromkeys(k for k, _ in first))
+    assert [weight[k] for k in keys] == sorted(weight.values(), reverse=True)
+    assert all(first[2 * i][0] == first[2 * i + 1][0] for i in range(len(keys)))  # each beside its rival
+    optimum = _brute_force(graph, partitions, candidates, lambda k: min((truth[(k, b)], b) for b in "ab"))
+    assert lower == pytest.approx(optimum)
