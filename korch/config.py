@@ -56,6 +56,7 @@ LAUNCH_SAFETY = 0.5  # the least call seen per backend times this is the floor o
 SIZE_WINDOW = 4  # a kernel's byte rate is the fastest among kernels at least 1/SIZE_WINDOW its size
 CLASS_MARGIN = 2  # a linear primitive's class's fastest rate may be beaten by this factor
 CLASS_MARGIN_ONE = 1.5  # ... by this factor where the kernel holds that one linear primitive only
+ROUND_MOST = 64  # (kernel, backend) pairs a search round measures at most, the heaviest, before solving again
 
 # pipeline: the time budget and the choice between measured plans
 PRIORITY_SHARE = 0.5  # of --time-budget, at most, for the kernels that make plans alone (then search)

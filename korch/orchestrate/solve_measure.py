@@ -16,6 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from korch.config import ROUND_MOST
 from korch.errors import KorchError
 from korch.ir.graph import Graph, GraphBuilder
 from korch.ir.prims import Prim, TensorType
@@ -213,12 +214,12 @@ def search(
     measured or `deadline` (a time.time()) passes. Where `prices` has estimates, what their
     solution uses unmeasured is measured too (bounds several times below the truth would
     otherwise send each round after the most optimistic candidates), beside the bound's
-    solution (which holds the bound down until measured); the kernels priced highest in either
-    solution first, and where `prices` has rivals, each with the same kernel in its other
-    backends. Where `prices` has probes, the linear primitives alone that would let those
-    kernels' classes bound them are measured before the kernels. (The last objective, a lower
-    bound on the optimum, or None where the program was not solved to optimality; the rounds of
-    measuring.)"""
+    solution (which holds the bound down until measured): the kernels priced highest in either
+    solution, and where `prices` has rivals, each with the same kernel in its other backends, at
+    most ROUND_MOST pairs a round (then the program is solved again). Where `prices` has probes,
+    the linear primitives alone that would let those kernels' classes bound them are measured
+    before the kernels. (The last objective, a lower bound on the optimum, or None where the
+    program was not solved to optimality; the rounds of measuring.)"""
     rounds, lower = 0, None
     while True:
         try:
@@ -237,8 +238,8 @@ def search(
                 weight[key] = max(weight.get(key, 0.0), ms)
         probes = prices.probes(todo) if hasattr(prices, "probes") else []
         # classes' probes first: they may move the next solution elsewhere; else the kernels that
-        # hold the most of the solutions first, each with its rivals
-        todo = probes or _heaviest_first(todo, weight, getattr(prices, "rivals", None))
+        # hold the most of the solutions, each with its rivals, a round's worth
+        todo = probes or _heaviest_first(todo, weight, getattr(prices, "rivals", None))[:ROUND_MOST]
         say(
             f"search round {rounds + 1}: lower bound {solution.objective_ms:.3f} ms, "
             f"{len(todo)} {'class probes' if probes else 'kernels'} to measure"

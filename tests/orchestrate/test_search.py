@@ -432,3 +432,20 @@ def test_a_round_measures_the_heaviest_kernels_first_each_with_its_rivals():
     assert all(first[2 * i][0] == first[2 * i + 1][0] for i in range(len(keys)))  # each beside its rival
     optimum = _brute_force(graph, partitions, candidates, lambda k: min((truth[(k, b)], b) for b in "ab"))
     assert lower == pytest.approx(optimum)
+
+
+def test_a_round_measures_at_most_round_most_pairs_and_the_search_still_reaches_the_optimum(monkeypatch):
+    """Rounds capped at a few pairs re-solve more often; the last solution is still all measured,
+    so its objective is the true optimum (brute force)."""
+    from korch.orchestrate import solve_measure
+
+    monkeypatch.setattr(solve_measure, "ROUND_MOST", 3)
+    graph, partitions, candidates, costs = _instance(7)
+    truth = {(c.key, b): costs(c.key)[0] * (1.0 if b == "a" else 1.1) for c in candidates for b in "ab"}
+    prices = SyntheticPrices(truth, 7, low=0.05)
+    found = CandidateSet(graph, partitions, candidates)
+    rounds = []
+    lower, _ = search(graph, found, prices, lambda p: (rounds.append(p), prices.measure(p)), None)
+    assert max(len(r) for r in rounds) == 3 and len(rounds) > 1
+    optimum = _brute_force(graph, partitions, candidates, lambda k: min((truth[(k, b)], b) for b in "ab"))
+    assert lower == pytest.approx(optimum)
