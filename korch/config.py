@@ -62,7 +62,9 @@ ROUND_MOST = 64  # (kernel, backend) pairs a search round measures at most, the 
 PRIORITY_SHARE = 0.5  # of --time-budget, at most, for the kernels that make plans alone (then search)
 WHOLE_GRAPH_REACH = 10.0  # whole-graph plans isolated within this factor of the best are measured in place
 IN_PLACE_FLOOR = 0.5  # a negative in-place correction takes at most this share of a kernel's isolated time
-RUNOFF = 1.15  # plans measured within this factor of the fastest (by minima) are timed again side by side
+# plans measured within this factor of the fastest (by minima) are timed again side by side: plans are
+# measured minutes apart, and a slow episode of a shared machine, seconds long, slows some plans more
+RUNOFF = 2.0
 RUNOFF_ROUNDS = 8  # rounds of that runoff: a surer choice against optimize's time
 RUNOFF_SIGNIFICANCE = 0.05  # a plan replaces the source model when a sign test over the rounds says so
 

@@ -177,7 +177,7 @@ def runoff(best, measured: list, settings: Settings = Settings(), timings: PlanT
     close = [m for m in measured if m[0].meta.measured["min_ms"] <= limit]
     if len(close) < 2:
         return best, None
-    settings.say(f"{len(close)} plans within {RUNOFF - 1:.0%} of the fastest run again side by side")
+    settings.say(f"{len(close)} plans within {RUNOFF:g}x of the fastest run again side by side")
     if timings is None:
         report = _run_off(close, settings)
     else:
