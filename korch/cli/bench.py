@@ -233,9 +233,9 @@ def bench(
     each system's largest relative error against ONNX Runtime on the source model (korch's
     outputs where that cannot run); kernel launches per call where known; and korch's speedup over
     the fastest peer. `module`: the PyTorch source, for torch peers (found automatically for zoo
-    models). Rounds are `round_pause_s` apart, so the bench spans longer than the ~2 s bursts in
-    which a shared machine's neighbour takes a core (a bench of ten back-to-back rounds fits
-    inside one, and every median doubles)."""
+    models). Rounds are `round_pause_s` apart, so the bench spans longer than a short burst in
+    which a shared machine's neighbour takes a core; each system's median per round is reported
+    too, for slow episodes longer than that (BENCHMARKS.md's method: systems do not slow alike)."""
     check_peers(peers)
     variants = variants or {}
     if module is None and any(p in TORCH_MODES for p in peers):
@@ -251,7 +251,13 @@ def bench(
     results = {}
     for name, rs in by_round.items():
         s = [ms for r in rs for ms in r]
-        results[name] = {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s), **facts[name]}
+        results[name] = {
+            "median_ms": statistics.median(s),
+            "min_ms": min(s),
+            "max_ms": max(s),
+            "round_medians_ms": [round(statistics.median(r), 6) for r in rs],
+            **facts[name],
+        }
     ablation = {name: results.pop(name) for name in variants}
     peer_best = min((results[p]["median_ms"] for p in peers), default=None)
     speedup = peer_best / results["korch"]["median_ms"] if peer_best else None

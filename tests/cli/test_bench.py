@@ -56,6 +56,9 @@ def test_peers_agree_with_korch_and_are_timed(module_and_plan):
     assert set(results) == {"korch", "onnxruntime", "eager", "torch-compile"}
     for name, r in results.items():
         assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"], name
+        per_round = r["round_medians_ms"]  # (a pooled median lies between its groups' medians)
+        assert len(per_round) == 2 and min(per_round) - 1e-5 <= r["median_ms"] <= max(per_round) + 1e-5
+        assert r["min_ms"] - 1e-5 <= min(per_round) and max(per_round) <= r["max_ms"] + 1e-5, name
     for peer in ("onnxruntime", "eager", "torch-compile"):
         assert results[peer]["max_rel_err"] <= 1e-4, peer
     best = min(results[p]["median_ms"] for p in ("onnxruntime", "eager", "torch-compile"))
