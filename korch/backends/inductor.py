@@ -14,7 +14,7 @@ import torch
 
 from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, source_digest, torch_ops
 from korch.backends.torch_ops import graph_function
-from korch.config import AUTOTUNE_LINEAR
+from korch.config import AUTOTUNE_LINEAR, CPP_WRAPPER_FROM
 from korch.ir.graph import Graph
 from korch.ir.prims import Kind, Prim
 from korch.ir.tensors import to_tensor
@@ -22,11 +22,19 @@ from korch.measure.device import example_tensors
 from korch.search.kernel import KernelSpec
 
 _DEFINITION = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
+_CPP_KERNEL = re.compile(r'^extern "C"\s+void\s+(\w+)\(', re.M)
+# library calls of the C++ wrapper: an aten operator's CPU shim, or one run through the proxy executor
+_CPP_LIBRARY_CALL = re.compile(r"\baoti_torch_cpu_\w+\(|\baoti_torch_proxy_executor_call_function\(")
 
 
 def count_launches(source: str) -> int:
     """Kernel launches per call in Inductor's generated wrapper: its own kernels (C++ or Triton)
-    and library calls such as extern_kernels.mm. At least 1."""
+    and library calls such as extern_kernels.mm (in a C++ wrapper, an aten operator's shim such as
+    aoti_torch_cpu_mkldnn__convolution_pointwise). At least 1."""
+    if "void inductor_entry_impl(" in source:  # (the C++ wrapper: the calls of its entry function)
+        body = source.split("void inductor_entry_impl(", 1)[1].split("} // inductor_entry_impl", 1)[0]
+        launches = sum(len(re.findall(rf"\b{name}\(", body)) for name in set(_CPP_KERNEL.findall(source)))
+        return max(launches + len(_CPP_LIBRARY_CALL.findall(body)), 1)
     body = source.split("def call(", 1)[-1]
     launches = sum(len(re.findall(rf"\b{name}(\.run)?\(", body)) for name in _DEFINITION.findall(source))
     launches += len(re.findall(r"\bextern_kernels\.\w+\(", body))
@@ -99,10 +107,13 @@ def _epilogue_forms(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _compile_graph(fn: Callable, examples: list[torch.Tensor], freezing: bool) -> CompiledKernel:
+def _compile_graph(
+    fn: Callable, examples: list[torch.Tensor], freezing: bool, cpp_wrapper: bool
+) -> CompiledKernel:
     """`fn` traced on `examples` and compiled by Inductor; with `freezing`, the tensors `fn` closes
     over are frozen: folded where they meet only each other, prepacked for oneDNN and MKL on CPU.
-    Called outside_dynamo."""
+    With `cpp_wrapper` (korch's larger kernels on CPU: _cpp_wrapper), the code that calls
+    Inductor's kernels and the libraries' is C++, not Python. Called outside_dynamo."""
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -114,11 +125,12 @@ def _compile_graph(fn: Callable, examples: list[torch.Tensor], freezing: bool) -
         sources.append(getattr(compiled, "source_code", "") or "")
         return compiled
 
-    frozen = contextlib.ExitStack()
+    settings = contextlib.ExitStack()
+    settings.enter_context(config.patch(cpp_wrapper=cpp_wrapper))
     if freezing:  # (Inductor freezes only inference graphs: traced without autograd)
-        frozen.enter_context(torch.no_grad())
-        frozen.enter_context(config.patch(freezing=True))
-    with frozen:
+        settings.enter_context(torch.no_grad())
+        settings.enter_context(config.patch(freezing=True))
+    with settings:
         traced = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
         if freezing:
             _epilogue_forms(traced)
@@ -133,11 +145,20 @@ def _compile_graph(fn: Callable, examples: list[torch.Tensor], freezing: bool) -
     return CompiledKernel(run, count_launches(source))
 
 
+def _cpp_wrapper(spec: KernelSpec, device: str) -> bool:
+    """Whether the kernel calls its kernels from C++ (Inductor's cpp_wrapper): on CPU, from
+    CPP_WRAPPER_FROM primitives. A whole model then runs faster and compiles no slower, but a small
+    frozen kernel, compiled again whenever it is (see InductorFrozenBackend.compile), would compile
+    longer than it runs faster (BENCHMARKS.md, design constants)."""
+    return device == "cpu" and len(spec.graph.nodes) >= CPP_WRAPPER_FROM
+
+
 class InductorBackend(Backend):
     name = "inductor"
 
     def version(self) -> str:
-        return f"torch-{torch.__version__}+{source_digest(sys.modules[__name__], torch_ops, onnx_patterns)}"
+        digest = source_digest(sys.modules[__name__], torch_ops, onnx_patterns)
+        return f"torch-{torch.__version__}+{digest}+cpp{CPP_WRAPPER_FROM}"  # (the C++ wrapper's size)
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         if any(n.prim is Prim.OPAQUE for n in spec.graph.nodes):
@@ -151,7 +172,12 @@ class InductorBackend(Backend):
     def compile(self, spec: KernelSpec, device: str) -> CompiledKernel:
         with outside_dynamo():  # (korch may be called from inside a Dynamo trace)
             examples = example_tensors(spec.graph, device)
-            return _compile_graph(graph_function(spec.graph, device), examples, freezing=False)
+            return _compile_graph(
+                graph_function(spec.graph, device),
+                examples,
+                freezing=False,
+                cpp_wrapper=_cpp_wrapper(spec, device),
+            )
 
 
 def weight_derived(graph: Graph, weights: tuple[int, ...]) -> set[str]:
@@ -209,7 +235,9 @@ class InductorFrozenBackend(InductorBackend):
                 return run(*[args[i] for i in range(len(graph.inputs))])
 
             examples = example_tensors(graph, device)
-            inner = _compile_graph(closed, [examples[i] for i in fed], freezing=True)
+            inner = _compile_graph(
+                closed, [examples[i] for i in fed], freezing=True, cpp_wrapper=_cpp_wrapper(spec, device)
+            )
 
         # an output folded to a constant is the compiled kernel's own tensor: handed out as a copy,
         # or a caller's write to it would change every later call

@@ -14,11 +14,13 @@ from korch.backends.inductor import InductorBackend
 from korch.backends.onnxrt import OnnxRuntimeBackend
 from korch.backends.vendor import VendorBackend
 from korch.ir import reference, tensors
+from korch.ir.graph import GraphBuilder
 from korch.ir.prims import Prim
+from korch.ir.tensor_type import TensorType
 from korch.ir.tensors import to_tensor
 from korch.profile.jobs import check_kernel
 from korch.search.candidates import make_candidate
-from korch.search.kernel import kernel_spec
+from korch.search.kernel import KernelSpec, kernel_spec
 
 CASES = {
     "softmax": ("Softmax", [rand(4, 33)], {"axis": -1}, 13),
@@ -277,6 +279,64 @@ def test_inductor_gets_a_pool_as_aten_pool_not_a_window_loop(case):
     ops = {str(n.target) for n in make_fx(fn)(*args).graph.nodes if n.op == "call_function"}
     assert any("pool" in op for op in ops) and not any("unfold" in op for op in ops), ops
     assert check_kernel(fn(*args), want, spec.graph) is None
+
+
+def test_inductor_counts_the_launches_of_its_cpp_wrapper_as_of_a_python_one(monkeypatch):
+    """On CPU korch's Inductor kernels are called by a C++ wrapper; its launches are counted as
+    the same kernel's Python wrapper counts them (its own kernels and the library calls)."""
+    from korch.backends import compile_with, inductor
+
+    compile_graph, count_launches = inductor._compile_graph, inductor.count_launches
+    counted, wrappers = {}, []
+
+    def spied_count(source: str) -> int:
+        wrappers.append("cpp" if "void inductor_entry_impl(" in source else "python")
+        return count_launches(source)
+
+    monkeypatch.setattr(inductor, "count_launches", spied_count)
+    for cpp in (True, False):
+        monkeypatch.setattr(
+            inductor,
+            "_compile_graph",
+            lambda fn, xs, freezing, cpp_wrapper, cpp=cpp: compile_graph(fn, xs, freezing, cpp),
+        )
+        for case in ("softmax", "conv_bias", "mish"):
+            spec, inputs, want = _whole_graph_spec(case)
+            weights = {spec.graph.inputs[i]: inputs[i] for i in spec.weights}
+            for backend in get_backends(["inductor", "inductor-frozen"]):
+                if backend.supports(spec, "cpu") is None:
+                    compiled = compile_with(backend, spec, "cpu", weights)
+                    assert check_kernel(compiled.fn(*map(to_tensor, inputs)), want, spec.graph) is None
+                    counted.setdefault((case, backend.name), []).append(compiled.kernels)
+    assert set(wrappers) == {"cpp", "python"}
+    assert ("conv_bias", "inductor-frozen") in counted
+    assert all(cpp == python for cpp, python in counted.values()), counted
+
+
+def test_inductor_calls_a_large_kernels_kernels_from_cpp_on_cpu(monkeypatch):
+    """A chain of CPP_WRAPPER_FROM primitives compiles with Inductor's C++ wrapper, one fewer with
+    its Python wrapper; both compute what the reference does."""
+    from korch.backends import inductor
+    from korch.config import CPP_WRAPPER_FROM
+
+    wrappers = []
+    count_launches = inductor.count_launches
+    monkeypatch.setattr(
+        inductor,
+        "count_launches",
+        lambda source: wrappers.append("void inductor_entry_impl(" in source) or count_launches(source),
+    )
+    for length in (CPP_WRAPPER_FROM - 1, CPP_WRAPPER_FROM):
+        b = GraphBuilder()
+        v = b.input("in0", TensorType((4, 8), "float32"))
+        for _ in range(length):
+            (v,) = b.emit(Prim.NEG, [v])
+        graph = b.build([v], ["out0"])
+        spec = KernelSpec("chain", graph, graph.inputs, graph.outputs)
+        x = rand(4, 8)
+        want = reference.run(spec.graph, {spec.graph.inputs[0]: x})
+        assert check_kernel(InductorBackend().compile(spec, "cpu").fn(to_tensor(x)), want, spec.graph) is None
+    assert wrappers == [False, True]
 
 
 def test_inductor_compiles_inside_a_tracing_context_with_a_fake_mode():

@@ -1,0 +1,103 @@
+"""Inductor's C++ wrapper against its Python wrapper for korch's Inductor kernels on CPU: korch's
+rewritten primitive graph of each zoo model as one kernel in each Inductor backend, compiled with
+the code that calls its kernels and the libraries' in C++ (what korch compiles) and in Python
+(Inductor's default), each checked against ONNX Runtime on the source model, then timed side by
+side as a caller calls them (runtime.interleave: alternating blocks with pauses).
+
+    python benchmarks/wrapper.py [MODEL ...] --dir ZOO --out FILE [--backends a,b] [--rounds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from boundaries import korch_graph
+from zoo_bench import PAPER_MODELS, save
+
+from korch.backends import inductor
+from korch.cli import zoo
+from korch.measure import check
+from korch.orchestrate.solver import Choice, Solution
+from korch.plan.plan import build_plan
+from korch.plan.runtime import interleave
+from korch.search.candidates import make_candidate
+
+
+def compiled_as(cpp: bool):
+    """inductor._compile_graph with the C++ wrapper on or off, whatever the backend asks."""
+    compile_graph = inductor._compile_graph
+
+    def fn(f, examples, freezing, cpp_wrapper):
+        return compile_graph(f, examples, freezing, cpp)
+
+    return fn
+
+
+def run_model(name: str, args) -> dict:
+    graph, model = korch_graph(zoo.build(name, args.dir), Path(args.out).with_suffix(".sqlite"))
+    whole = make_candidate(graph, range(len(graph.nodes)))
+    feeds = want = None
+    doc, callers = {}, {}
+    original = inductor._compile_graph
+    try:
+        for backend in args.backends.split(","):
+            for wrapper in ("python", "cpp"):
+                inductor._compile_graph = compiled_as(wrapper == "cpp")
+                start = time.perf_counter()
+                plan = build_plan(graph, Solution([Choice(whole, backend, 0.0)]), "cpu")
+                executable = plan.executable()  # (compiles)
+                compile_s = time.perf_counter() - start
+                if feeds is None:
+                    feeds = plan.random_inputs()
+                    want = check.onnxruntime_outputs(model, feeds)
+                label = f"{backend} {wrapper}"
+                doc[label] = {
+                    "compile_s": round(compile_s, 1),
+                    "launches": executable.launches,
+                    "verify_error": check.compare_outputs(plan.run(feeds), want),
+                }
+                callers[label] = executable.caller(plan.random_inputs())
+                print(f"  {name} {label}: compiled in {compile_s:.0f} s", flush=True)
+    finally:
+        inductor._compile_graph = original
+    rounds = interleave(callers, args.rounds, args.block_s, "cpu", pause_s=0.2)
+    for label, timed in rounds.items():
+        calls = [ms for r in timed for ms in r]
+        doc[label].update(
+            median_ms=round(statistics.median(calls), 4),
+            min_ms=round(min(calls), 4),
+            round_medians_ms=[round(statistics.median(r), 4) for r in timed],
+        )
+    for backend in args.backends.split(","):
+        python, cpp = doc[f"{backend} python"], doc[f"{backend} cpp"]
+        print(
+            f"{name} {backend}: python {python['median_ms']:.2f} ({python['min_ms']:.2f}) ms, "
+            f"cpp {cpp['median_ms']:.2f} ({cpp['min_ms']:.2f}) ms: python / cpp "
+            f"{python['median_ms'] / cpp['median_ms']:.3f} (minima {python['min_ms'] / cpp['min_ms']:.3f})",
+            flush=True,
+        )
+    return {"model": name, "plans": doc}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=list(PAPER_MODELS))
+    parser.add_argument("--dir", help="zoo cache directory")
+    parser.add_argument("--out", default="wrapper.json")
+    parser.add_argument("--backends", default="inductor-frozen,inductor")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--block-s", type=float, default=0.5)
+    args = parser.parse_args()
+    out = Path(args.out)
+    doc = json.loads(out.read_text()) if out.exists() else {"runs": {}}
+    for name in args.models:
+        doc["runs"][name] = run_model(name, args)
+        save(out, doc)
+
+
+if __name__ == "__main__":
+    main()
