@@ -42,7 +42,7 @@ SETTLE_MAX_S = 0.3
 SPREAD = 125
 AUTOTUNE_LINEAR = 2  # linear primitives at most in an inductor-autotune candidate: each one autotuned
 # Inductor kernels of at least this many primitives call their kernels from C++ on CPU (cpp_wrapper):
-# faster calls, but a compile that a frozen kernel pays again every time (not in the enumerated candidates)
+# a shorter compile of a large kernel, a longer one of a small frozen kernel (compiled again every time)
 CPP_WRAPPER_FROM = 32
 SOURCE_DISCRETE_MISMATCH = 0.01  # integer outputs of the source model allowed to differ from the graph's
 STARTUP_S = 120.0  # a worker not ready after this long is stuck: a slow import against a hung one

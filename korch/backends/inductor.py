@@ -147,9 +147,9 @@ def _compile_graph(
 
 def _cpp_wrapper(spec: KernelSpec, device: str) -> bool:
     """Whether the kernel calls its kernels from C++ (Inductor's cpp_wrapper): on CPU, from
-    CPP_WRAPPER_FROM primitives. A whole model then runs faster and compiles no slower, but a small
-    frozen kernel, compiled again whenever it is (see InductorFrozenBackend.compile), would compile
-    longer than it runs faster (BENCHMARKS.md, design constants)."""
+    CPP_WRAPPER_FROM primitives. A large kernel (a whole graph, a partition) compiled cold took
+    less time so, but a small frozen kernel, compiled again whenever it is (see
+    InductorFrozenBackend.compile), took longer (BENCHMARKS.md, design constants)."""
     return device == "cpu" and len(spec.graph.nodes) >= CPP_WRAPPER_FROM
 
 
