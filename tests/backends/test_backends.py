@@ -1,5 +1,6 @@
 """Every backend against the reference executor on small kernels, on CPU."""
 
+import math
 import subprocess
 import sys
 
@@ -281,25 +282,29 @@ def test_inductor_gets_a_pool_as_aten_pool_not_a_window_loop(case):
     assert check_kernel(fn(*args), want, spec.graph) is None
 
 
-def test_inductor_counts_the_launches_of_its_cpp_wrapper_as_of_a_python_one(monkeypatch):
-    """On CPU korch's Inductor kernels are called by a C++ wrapper; its launches are counted as
-    the same kernel's Python wrapper counts them (its own kernels and the library calls)."""
-    from korch.backends import compile_with, inductor
+@pytest.fixture
+def wrappers(monkeypatch) -> list[str]:
+    """The wrapper ("cpp" or "python") of each Inductor kernel compiled from now on in this test."""
+    from korch.backends import inductor
 
-    compile_graph, count_launches = inductor._compile_graph, inductor.count_launches
-    counted, wrappers = {}, []
+    kinds, count_launches = [], inductor.count_launches
 
-    def spied_count(source: str) -> int:
-        wrappers.append("cpp" if "void inductor_entry_impl(" in source else "python")
+    def spied(source: str) -> int:
+        kinds.append("cpp" if "void inductor_entry_impl(" in source else "python")
         return count_launches(source)
 
-    monkeypatch.setattr(inductor, "count_launches", spied_count)
-    for cpp in (True, False):
-        monkeypatch.setattr(
-            inductor,
-            "_compile_graph",
-            lambda fn, xs, freezing, cpp_wrapper, cpp=cpp: compile_graph(fn, xs, freezing, cpp),
-        )
+    monkeypatch.setattr(inductor, "count_launches", spied)
+    return kinds
+
+
+def test_inductor_counts_the_launches_of_its_cpp_wrapper_as_of_a_python_one(monkeypatch, wrappers):
+    """On CPU korch's larger Inductor kernels are called by a C++ wrapper; its launches are counted
+    as the same kernel's Python wrapper counts them (its own kernels and the library calls)."""
+    from korch.backends import compile_with, inductor
+
+    counted = {}
+    for smallest in (0, math.inf):  # (every kernel with the C++ wrapper, then none)
+        monkeypatch.setattr(inductor, "CPP_WRAPPER_FROM", smallest)
         for case in ("softmax", "conv_bias", "mish"):
             spec, inputs, want = _whole_graph_spec(case)
             weights = {spec.graph.inputs[i]: inputs[i] for i in spec.weights}
@@ -313,19 +318,11 @@ def test_inductor_counts_the_launches_of_its_cpp_wrapper_as_of_a_python_one(monk
     assert all(cpp == python for cpp, python in counted.values()), counted
 
 
-def test_inductor_calls_a_large_kernels_kernels_from_cpp_on_cpu(monkeypatch):
+def test_inductor_calls_a_large_kernels_kernels_from_cpp_on_cpu(wrappers):
     """A chain of CPP_WRAPPER_FROM primitives compiles with Inductor's C++ wrapper, one fewer with
     its Python wrapper; both compute what the reference does."""
-    from korch.backends import inductor
     from korch.config import CPP_WRAPPER_FROM
 
-    wrappers = []
-    count_launches = inductor.count_launches
-    monkeypatch.setattr(
-        inductor,
-        "count_launches",
-        lambda source: wrappers.append("void inductor_entry_impl(" in source) or count_launches(source),
-    )
     for length in (CPP_WRAPPER_FROM - 1, CPP_WRAPPER_FROM):
         b = GraphBuilder()
         v = b.input("in0", TensorType((4, 8), "float32"))
@@ -336,7 +333,7 @@ def test_inductor_calls_a_large_kernels_kernels_from_cpp_on_cpu(monkeypatch):
         x = rand(4, 8)
         want = reference.run(spec.graph, {spec.graph.inputs[0]: x})
         assert check_kernel(InductorBackend().compile(spec, "cpu").fn(to_tensor(x)), want, spec.graph) is None
-    assert wrappers == [False, True]
+    assert wrappers == ["python", "cpp"]
 
 
 def test_inductor_compiles_inside_a_tracing_context_with_a_fake_mode():
