@@ -1,12 +1,12 @@
 """Primitive patterns written back as the ONNX operator they were split from (Relu, Clip,
 HardSigmoid, HardSwish, LeakyRelu, MaxPool, AveragePool, Resize, Softmax, LayerNormalization,
-InstanceNormalization, Split), or as a MatMul (a small linear resize along the last two axes), so
-that ONNX Runtime's own kernels and fusions apply to a kernel graph as they do to the source model.
-Its NCHWc convolutions take Relu, Clip, HardSigmoid and HardSwish as fused activations but not
-their primitives, and a Max or Min left between two convolutions costs two layout conversions
-besides its own pass, so a kernel graph of such primitives runs slower than the source model.
-Its Gather along an inner axis is slow: a bilinear resize runs many times faster as Resize than
-as gathers and lerps."""
+InstanceNormalization, Split; for OpenVINO also Softplus and Mish), or as a MatMul (a small linear
+resize along the last two axes), so that ONNX Runtime's and OpenVINO's own kernels and fusions apply
+to a kernel graph as they do to the source model. ONNX Runtime's NCHWc convolutions take Relu,
+Clip, HardSigmoid and HardSwish as fused activations but not their primitives, and a Max or Min
+left between two convolutions costs two layout conversions besides its own pass, so a kernel graph
+of such primitives runs slower than the source model. Its Gather along an inner axis is slow: a
+bilinear resize runs many times faster as Resize than as gathers and lerps."""
 
 from __future__ import annotations
 
@@ -170,6 +170,50 @@ def _leaky_relu(view: _View, i: int, node: Node) -> Fused | None:
     if not alpha or alpha[0] != x or not is_float(view.dtype(x)):
         return None
     return Fused("LeakyRelu", (x,), frozenset({i, test[0], scaled[0]}), {"alpha": alpha[1]})
+
+
+def _chain(view: _View, v: str, *prims: Prim) -> tuple[str, set[int]] | None:
+    """(x, the nodes) for v = prims[0](prims[1](...(x))), each a unary primitive read once."""
+    absorbed = set()
+    for prim in prims:
+        inner = view.inner(v, prim)
+        if not inner:
+            return None
+        absorbed.add(inner[0])
+        v = inner[1].inputs[0]
+    return v, absorbed
+
+
+def _softplus(view: _View, i: int, node: Node) -> Fused | None:
+    """max(x, 0) + log(exp(-|x|) + 1) -> Softplus(x) (korch.frontend.ops.elementwise.softplus_core,
+    ONNX's form: log1p's error absolute, below an ulp of 1)"""
+    if node.prim is not Prim.ADD:
+        return None
+    for relu_v, log_v in (node.inputs, node.inputs[::-1]):
+        relu, log = view.inner(relu_v, Prim.MAX), view.inner(log_v, Prim.LOG)
+        one = log and view.inner(log[1].inputs[0], Prim.ADD)
+        tail = one and view.operand_and_scalar(one[1])
+        if not relu or not tail or tail[1] != 1.0 or view.operand_and_scalar(relu[1]) is None:
+            continue
+        x, zero = view.operand_and_scalar(relu[1])
+        found = _chain(view, tail[0], Prim.EXP, Prim.NEG, Prim.ABS)
+        if zero == 0.0 and found and found[0] == x and is_float(view.dtype(x)):
+            return Fused("Softplus", (x,), frozenset({i, relu[0], log[0], one[0], *found[1]}))
+    return None
+
+
+def _mish(view: _View, i: int, node: Node) -> Fused | None:
+    """x * tanh(softplus(x)) -> Mish(x): OpenVINO fuses Mish, not its primitives, into the
+    convolution before it"""
+    if node.prim is not Prim.MUL:
+        return None
+    for x, gate in (node.inputs, node.inputs[::-1]):
+        tanh = view.inner(gate, Prim.TANH)
+        inner = tanh and view.inner(tanh[1].inputs[0], Prim.ADD)
+        soft = inner and _softplus(view, *inner)
+        if soft and soft.inputs == (x,):
+            return Fused("Mish", (x,), soft.absorbed | {i, tanh[0]})
+    return None
 
 
 def _pool_window(view: _View, v: str, fill: float):
@@ -518,6 +562,9 @@ PATTERNS: tuple[Callable[[_View, int, Node], Fused | None], ...] = (
     _softmax,
     _normalization,
 )
+# OpenVINO fuses Mish into the convolution before it; ONNX Runtime runs its Mish (an ONNX function
+# of Softplus, Tanh and Mul) slower than the primitives (BENCHMARKS.md, design constants)
+OPENVINO_PATTERNS = (_mish, _softplus, *PATTERNS)
 POOLS = (_max_pool, _average_pool)  # (korch.backends.torch_ops writes these as aten's pools)
 
 

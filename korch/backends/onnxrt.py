@@ -201,10 +201,12 @@ def _emit(w: _Writer, node: Node) -> None:
     emitter(w, node, [w.name(v) for v in node.inputs], node.outputs[0])
 
 
-def to_onnx(graph: Graph, weights: Weights | None = None) -> onnx.ModelProto:
+def to_onnx(graph: Graph, weights: Weights | None = None, patterns=None) -> onnx.ModelProto:
     """The kernel graph as an ONNX model (opset 18); an opaque primitive is its own model already.
     `weights` (values of some inputs) become initializers: ONNX Runtime then prepacks them, and
-    turns convolutions with constant weights (and only those) into its NCHWc kernels."""
+    turns convolutions with constant weights (and only those) into its NCHWc kernels. `patterns`:
+    the primitive patterns written back as ONNX operators (korch.backends.onnx_patterns; None:
+    its PATTERNS)."""
     weights = weights or {}
     if len(graph.nodes) == 1 and graph.nodes[0].prim is Prim.OPAQUE:
         if source_model(graph) is None:
@@ -222,7 +224,7 @@ def to_onnx(graph: Graph, weights: Weights | None = None) -> onnx.ModelProto:
     w = _Writer(graph)
     for name, array in [*graph.constants.items(), *weights.items()]:
         w.inits.append(numpy_helper.from_array(np.asarray(array), name))
-    fused = fuse(graph, weights)
+    fused = fuse(graph, weights, patterns)
     splits = split_groups(graph)
     absorbed = set().union(*(f.absorbed for f in fused.values()), *(s.absorbed for s in splits.values()))
     for i, node in enumerate(graph.nodes):

@@ -110,7 +110,7 @@ class OpenVinoBackend(Backend):
             model = core.read_model(source)
             nodes = dict(graph.nodes[0].attrs).get("nodes", 1)
         else:
-            proto = to_onnx(graph, weights)
+            proto = to_onnx(graph, weights, onnx_patterns.OPENVINO_PATTERNS)
             model = core.read_model(proto.SerializeToString())
             nodes = len(proto.graph.node)
         compiled = core.compile_model(model, "CPU", _config())

@@ -12,6 +12,8 @@ from test_opaque_kernels import _opaque_spec, rnn_weights
 
 import korch
 from korch.backends import get_backends
+from korch.backends.onnx_patterns import OPENVINO_PATTERNS, PATTERNS
+from korch.backends.onnxrt import OnnxRuntimeBackend, to_onnx
 from korch.backends.openvino import OpenVinoBackend
 from korch.ir import reference
 from korch.ir.graph import GraphBuilder
@@ -247,3 +249,31 @@ def test_a_constant_baked_into_the_kernel_graph_reaches_the_model():
     spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
     assert spec.graph.inputs == ("in0",) and spec.graph.constants
     _check(spec, {"in0": rand(4, 8)})
+
+
+@pytest.mark.parametrize("op", ["Mish", "Softplus"])
+def test_mish_and_softplus_reach_openvino_as_operators_and_onnxruntime_as_primitives(op):
+    """A convolution then Mish (or Softplus): OpenVINO is written the operator (it fuses Mish into
+    the convolution), ONNX Runtime the primitives; both agree with the reference executor, on
+    values wide enough that exp overflows at one end and vanishes at the other."""
+    vi = helper.make_tensor_value_info
+    conv = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
+    nodes = [conv, helper.make_node(op, ["c"], ["y"])]
+    w = numpy_helper.from_array(rand(4, 3, 3, 3, low=-1, high=1, seed=1), "w")
+    graph = helper.make_graph(nodes, "g", [vi("x", F, [1, 3, 8, 8])], [vi("y", F, [1, 4, 8, 8])], [w])
+    graph = korch.fission(onnx_model(graph, 18)).graph
+    spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
+    weights = {n: graph.constants[v] for n, v in zip(spec.graph.inputs, spec.inputs) if v in graph.constants}
+
+    def written(patterns):
+        ops = [n.op_type for n in to_onnx(spec.graph, weights, patterns).graph.node]
+        return [o for o in ops if o != "Identity"]
+
+    assert written(OPENVINO_PATTERNS) == ["Conv", op]
+    assert written(PATTERNS)[0] == "Conv" and op not in written(PATTERNS)
+    values = {**graph.constants, "x": rand(1, 3, 8, 8, low=-60, high=60)}
+    _check(spec, values, weights=tuple(graph.constants))
+    args = [values[v] for v in spec.inputs]
+    want = reference.run(spec.graph, dict(zip(spec.graph.inputs, args)))
+    compiled = OnnxRuntimeBackend().compile(spec, "cpu", weights)
+    assert check_kernel(compiled.fn(*[to_tensor(a) for a in args]), want, spec.graph) is None
