@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from korch.cli import zoo
+from korch.measure.device import cpu_model
 from korch.orchestrate.bounds import violations
 from korch.orchestrate.solve_measure import PROBE_PREFIX, database_ceilings, database_observations
 
@@ -95,7 +96,7 @@ def main() -> None:
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": f"{platform.machine()} ({cpu_model()}), {os.cpu_count()} cores",
         "time_budget": args.time_budget,
         "runs": {},
     }

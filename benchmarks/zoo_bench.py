@@ -28,6 +28,7 @@ import torch
 
 from korch.cli import zoo
 from korch.cli.bench import bench
+from korch.measure.device import cpu_model
 from korch.measure.roofline import measure_ceilings, node_flops
 from korch.pipeline import OptimizeOptions, optimize
 from korch.search.kernel import SOURCE_MODEL_PREFIX
@@ -144,7 +145,7 @@ def machine() -> dict:
     import korch
 
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": f"{platform.machine()} ({cpu_model()})",
         "cores": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "python": platform.python_version(),

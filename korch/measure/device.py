@@ -63,16 +63,19 @@ def device_name(device: str) -> str:
     """A stable description of the device, part of every profile's key."""
     if device.startswith("cuda"):
         return f"cuda:{torch.cuda.get_device_name(torch.device(device))}"
-    model = "unknown cpu"
+    return f"cpu:{cpu_model()}:{torch.get_num_threads()}threads"
+
+
+def cpu_model() -> str:
+    """The processor's model name as the kernel reports it (/proc/cpuinfo)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"cpu:{model}:{torch.get_num_threads()}threads"
+    return "unknown cpu"
 
 
 def example_tensors(graph: Graph, device: str, seed: int = 0) -> list[torch.Tensor]:
