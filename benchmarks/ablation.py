@@ -5,7 +5,8 @@ as one kernel, the greedy plan, the BLP with no seeds: korch.cli.bench.ABLATION)
 profile database, and everything is timed side by side in one process with the peers: ONNX
 Runtime, OpenVINO and torch.compile (default, freezing, max-autotune with freezing) on a CPU;
 the torch.compile configurations, CUDA graphs with and without freezing included, on a GPU.
-Results accumulate in OUT/ablation.json, a model's entry written as soon as it is timed.
+Results accumulate in OUT/ablation.json, a model's entry written as soon as it is timed; korch's
+plan of each model is saved in OUT/MODEL-BACKENDS-plan.
 
     python benchmarks/ablation.py [MODEL ...] --dir ZOO --out OUT [--device cpu|cuda]
         [--backends a,b] [--variants a,b] [--peers a,b] [--time-budget S] [--rounds N]
@@ -70,6 +71,8 @@ def run_model(name: str, args) -> dict:
         plans[variant] = optimize(path, options=changed)
         optimized[variant] = summary(plans[variant], time.perf_counter() - start)
         print(f"{name} {variant}: {optimized[variant]}", flush=True)
+    # korch's plan as optimize saves it, for benchmarks/plan_vs_bench.py (a fresh process's bench)
+    plans["korch"].save(Path(args.out) / f"{name}-{'+'.join(options.backends or ('default',))}-plan")
     variants = {v: plans[v] for v in args.variants}
     report = bench(plans["korch"], tuple(args.peers), rounds=args.rounds, variants=variants)
     return {
