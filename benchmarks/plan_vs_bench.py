@@ -28,7 +28,7 @@ def optimized(plan_dir: Path) -> dict:
         "in_place_ms": measured.get("ms"),
         "in_place_min_ms": measured.get("min_ms"),
         "runoff_median_ms": runoff["medians_ms"][winner] if runoff else None,
-        "runoff_min_ms": runoff["min_ms"][winner] if runoff else None,
+        "runoff_fastest_ms": runoff["fastest_ms"][winner] if "fastest_ms" in runoff else None,
     }
 
 

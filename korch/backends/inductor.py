@@ -12,7 +12,15 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, source_digest, torch_ops
+from korch.backends import (
+    Backend,
+    CompiledKernel,
+    Weights,
+    onnx_patterns,
+    onnx_view,
+    source_digest,
+    torch_ops,
+)
 from korch.backends.torch_ops import graph_function
 from korch.config import AUTOTUNE_LINEAR, CPP_WRAPPER_FROM
 from korch.ir.graph import Graph
@@ -157,7 +165,7 @@ class InductorBackend(Backend):
     name = "inductor"
 
     def version(self) -> str:
-        digest = source_digest(sys.modules[__name__], torch_ops, onnx_patterns)
+        digest = source_digest(sys.modules[__name__], torch_ops, onnx_patterns, onnx_view)
         return f"torch-{torch.__version__}+{digest}+cpp{CPP_WRAPPER_FROM}"  # (the C++ wrapper's size)
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:

@@ -12,96 +12,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from korch.backends.onnx_view import Fused, View, close
 from korch.frontend.ops.sampling import COORDINATE_MODES, linear_taps, source_coords
 from korch.ir.graph import Graph, Node
 from korch.ir.prims import Prim, is_float, repeat_factor
 
 
-@dataclass(frozen=True)
-class Fused:
-    """One ONNX operator standing for the primitives `absorbed` (its root included): `inputs` are
-    the graph's values or constant arrays ("" an omitted optional input)."""
-
-    op: str
-    inputs: tuple[str | np.ndarray, ...]
-    absorbed: frozenset[int]
-    attrs: dict = field(default_factory=dict)
-
-
-class _View:
-    """The questions a pattern asks of the graph."""
-
-    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray] | None = None):
-        self.graph = graph
-        self.weights = weights or {}
-        self.index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
-        self.readers: dict[str, list[int]] = {}
-        for i, n in enumerate(graph.nodes):
-            for v in n.inputs:
-                self.readers.setdefault(v, []).append(i)
-        self.taken: set[int] = set()
-
-    def inner(self, v: str, *prims: Prim) -> tuple[int, Node] | None:
-        """The node producing v when the pattern may swallow it: one of `prims`, read once, not a
-        kernel output, not already inside another pattern."""
-        return self.shared(v, *prims) if len(self.readers.get(v, ())) == 1 else None
-
-    def shared(self, v: str, *prims: Prim) -> tuple[int, Node] | None:
-        """As `inner`, for a value the pattern reads more than once (`fuse` checks that nothing
-        outside the pattern reads it)."""
-        i = self.index.get(v)
-        if i is None or i in self.taken or v in self.graph.outputs:
-            return None
-        node = self.graph.nodes[i]
-        return (i, node) if node.prim in prims else None
-
-    def value(self, v: str) -> np.ndarray | None:
-        """A constant's or a known weight's array."""
-        for known in (self.graph.constants, self.weights):
-            if v in known:
-                return np.asarray(known[v])
-        return None
-
-    def shape(self, v: str) -> tuple[int, ...]:
-        return tuple(self.graph.types[v].shape)
-
-    def sealed(self, absorbed: frozenset[int], root: int) -> bool:
-        """Whether only the pattern reads what its inner nodes compute."""
-        return all(
-            v not in self.graph.outputs and all(r in absorbed for r in self.readers.get(v, ()))
-            for i in absorbed - {root}
-            for v in self.graph.nodes[i].outputs
-        )
-
-    def scalar(self, v: str) -> float | None:
-        c = self.graph.constants.get(v)
-        return float(np.asarray(c).reshape(-1)[0]) if c is not None and np.size(c) == 1 else None
-
-    def operand_and_scalar(self, node: Node) -> tuple[str, float] | None:
-        """(x, c) for a binary primitive of x and a scalar constant c, in either order."""
-        a, b = node.inputs
-        if self.scalar(b) is not None:
-            return a, self.scalar(b)
-        if self.scalar(a) is not None and node.prim in (Prim.ADD, Prim.MUL, Prim.MAX, Prim.MIN):
-            return b, self.scalar(a)
-        return None
-
-    def dtype(self, v: str) -> str:
-        return self.graph.types[v].dtype
-
-    def rank(self, v: str) -> int:
-        return self.graph.types[v].rank
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-
-
-def _hard_sigmoid(view: _View, i: int, node: Node) -> Fused | None:
+def _hard_sigmoid(view: View, i: int, node: Node) -> Fused | None:
     """min(max(x * alpha + beta, 0), 1) -> HardSigmoid(x)"""
     top = view.operand_and_scalar(node) if node.prim is Prim.MIN else None
     if not top or top[1] != 1.0 or not (low := view.inner(top[0], Prim.MAX)):
@@ -122,24 +43,19 @@ def _hard_sigmoid(view: _View, i: int, node: Node) -> Fused | None:
     return Fused("HardSigmoid", (alpha[0],), absorbed, {"alpha": alpha[1], "beta": beta[1]})
 
 
-def _hard_swish(view: _View, i: int, node: Node) -> Fused | None:
+def _hard_swish(view: View, i: int, node: Node) -> Fused | None:
     """x * HardSigmoid(x; 1/6, 0.5) -> HardSwish(x)"""
     if node.prim is not Prim.MUL:
         return None
     for x, gate in (node.inputs, node.inputs[::-1]):
         inner = view.inner(gate, Prim.MIN)
         sig = inner and _hard_sigmoid(view, *inner)
-        if (
-            sig
-            and sig.inputs == (x,)
-            and _close(sig.attrs["alpha"], 1 / 6)
-            and _close(sig.attrs["beta"], 0.5)
-        ):
+        if sig and sig.inputs == (x,) and close(sig.attrs["alpha"], 1 / 6) and close(sig.attrs["beta"], 0.5):
             return Fused("HardSwish", (x,), sig.absorbed | {i})
     return None
 
 
-def _clip(view: _View, i: int, node: Node) -> Fused | None:
+def _clip(view: View, i: int, node: Node) -> Fused | None:
     """min(max(x, lo), hi) -> Clip(x, lo, hi) with constant bounds"""
     top = view.operand_and_scalar(node) if node.prim is Prim.MIN else None
     low = top and view.inner(top[0], Prim.MAX)
@@ -151,13 +67,13 @@ def _clip(view: _View, i: int, node: Node) -> Fused | None:
     return Fused("Clip", (inner[0], *bounds), frozenset({i, low[0]}))
 
 
-def _relu(view: _View, i: int, node: Node) -> Fused | None:
+def _relu(view: View, i: int, node: Node) -> Fused | None:
     """max(x, 0) -> Relu(x)"""
     pair = view.operand_and_scalar(node) if node.prim is Prim.MAX else None
     return Fused("Relu", (pair[0],), frozenset({i})) if pair and pair[1] == 0.0 else None
 
 
-def _leaky_relu(view: _View, i: int, node: Node) -> Fused | None:
+def _leaky_relu(view: View, i: int, node: Node) -> Fused | None:
     """where(x < 0, x * alpha, x) -> LeakyRelu(x)"""
     if node.prim is not Prim.WHERE:
         return None
@@ -172,7 +88,7 @@ def _leaky_relu(view: _View, i: int, node: Node) -> Fused | None:
     return Fused("LeakyRelu", (x,), frozenset({i, test[0], scaled[0]}), {"alpha": alpha[1]})
 
 
-def _chain(view: _View, v: str, *prims: Prim) -> tuple[str, set[int]] | None:
+def _chain(view: View, v: str, *prims: Prim) -> tuple[str, set[int]] | None:
     """(x, the nodes) for v = prims[0](prims[1](...(x))), each a unary primitive read once."""
     absorbed = set()
     for prim in prims:
@@ -184,7 +100,7 @@ def _chain(view: _View, v: str, *prims: Prim) -> tuple[str, set[int]] | None:
     return v, absorbed
 
 
-def _softplus(view: _View, i: int, node: Node) -> Fused | None:
+def _softplus(view: View, i: int, node: Node) -> Fused | None:
     """max(x, 0) + log(exp(-|x|) + 1) -> Softplus(x) (korch.frontend.ops.elementwise.softplus_core,
     ONNX's form: log1p's error absolute, below an ulp of 1)"""
     if node.prim is not Prim.ADD:
@@ -202,7 +118,7 @@ def _softplus(view: _View, i: int, node: Node) -> Fused | None:
     return None
 
 
-def _mish(view: _View, i: int, node: Node) -> Fused | None:
+def _mish(view: View, i: int, node: Node) -> Fused | None:
     """x * tanh(softplus(x)) -> Mish(x): OpenVINO fuses Mish, not its primitives, into the
     convolution before it"""
     if node.prim is not Prim.MUL:
@@ -216,7 +132,7 @@ def _mish(view: _View, i: int, node: Node) -> Fused | None:
     return None
 
 
-def _pool_window(view: _View, v: str, fill: float):
+def _pool_window(view: View, v: str, fill: float):
     """(x, absorbed, window attributes, pads) for window(pad(x, fill)) over x's spatial axes, when
     ONNX's pools can express it (kernel over every axis after N and C, pads below the kernel)."""
     win = view.inner(v, Prim.WINDOW)
@@ -240,7 +156,7 @@ def _pool_window(view: _View, v: str, fill: float):
     return x, absorbed, attrs, list(a["dilations"])
 
 
-def _pooled(view: _View, reshape: Node, prim: Prim, fill: float):
+def _pooled(view: View, reshape: Node, prim: Prim, fill: float):
     """window(pad(x)) reduced by `prim` over its kernel axes, then reshaped to the pool's output."""
     red = view.inner(reshape.inputs[0], prim)
     if not red:
@@ -259,7 +175,7 @@ def _pooled(view: _View, reshape: Node, prim: Prim, fill: float):
     return x, absorbed | {red[0]}, attrs, dilations
 
 
-def _max_pool(view: _View, i: int, node: Node) -> Fused | None:
+def _max_pool(view: View, i: int, node: Node) -> Fused | None:
     """reshape(reduce_max(window(pad(x, -inf)))) -> MaxPool(x)"""
     found = _pooled(view, node, Prim.REDUCE_MAX, float("-inf")) if node.prim is Prim.RESHAPE else None
     if not found or not is_float(view.dtype(found[0])):
@@ -268,7 +184,7 @@ def _max_pool(view: _View, i: int, node: Node) -> Fused | None:
     return Fused("MaxPool", (x,), frozenset(absorbed | {i}), {**attrs, "dilations": dilations})
 
 
-def _average_pool(view: _View, i: int, node: Node) -> Fused | None:
+def _average_pool(view: View, i: int, node: Node) -> Fused | None:
     """reshape(reduce_sum(window(pad(x, 0)))) * (1 / kernel size) -> AveragePool(x), padding counted"""
     pair = view.operand_and_scalar(node) if node.prim is Prim.MUL else None
     shaped = pair and view.inner(pair[0], Prim.RESHAPE)
@@ -276,12 +192,12 @@ def _average_pool(view: _View, i: int, node: Node) -> Fused | None:
     if not found or not is_float(view.dtype(found[0])):
         return None
     x, absorbed, attrs, dilations = found
-    if any(d != 1 for d in dilations) or not _close(pair[1], 1.0 / np.prod(attrs["kernel_shape"])):
+    if any(d != 1 for d in dilations) or not close(pair[1], 1.0 / np.prod(attrs["kernel_shape"])):
         return None
     return Fused("AveragePool", (x,), frozenset(absorbed | {i, shaped[0]}), {**attrs, "count_include_pad": 1})
 
 
-def _nearest_factor(view: _View, node: Node) -> tuple[str, int, int] | None:
+def _nearest_factor(view: View, node: Node) -> tuple[str, int, int] | None:
     """(x, axis, s) when the gather repeats every index of x along axis s times (nearest upsampling
     by an integer factor)."""
     x, axis = node.inputs[0], node.a["axis"]
@@ -289,7 +205,7 @@ def _nearest_factor(view: _View, node: Node) -> tuple[str, int, int] | None:
     return None if factor is None else (x, axis, factor)
 
 
-def _nearest_resize(view: _View, i: int, node: Node) -> Fused | None:
+def _nearest_resize(view: View, i: int, node: Node) -> Fused | None:
     """gathers repeating each index along some axes -> Resize(x, nearest, integer scales)"""
     step = _nearest_factor(view, node) if node.prim is Prim.GATHER else None
     if not step:
@@ -308,7 +224,7 @@ def _nearest_resize(view: _View, i: int, node: Node) -> Fused | None:
     return Fused("Resize", (x, "", factors), frozenset(absorbed), attrs)
 
 
-def _linear_step(view: _View, i: int, node: Node):
+def _linear_step(view: View, i: int, node: Node):
     """(x, axis, absorbed, lower index, upper index, weight vector) for one axis of a linear
     resize: g0 + (g1 - g0) * w, g0 and g1 gathers of x along that axis, w varying along it only."""
     if node.prim is not Prim.ADD:
@@ -373,7 +289,7 @@ def _linear_modes(in_len: int, out_len: int, lo, hi, weights) -> set[str]:
 MATMUL_RESIZE_FLOPS = 64  # per output element, at most
 
 
-def _linear_resize(view: _View, i: int, node: Node) -> Fused | None:
+def _linear_resize(view: View, i: int, node: Node) -> Fused | None:
     """a linear interpolation along each of some spatial axes (two gathers and a lerp each) ->
     Resize(x, linear) to the output's size, unless it is cheaper as matmuls (`_lerp_matmul`)"""
     step = _linear_step(view, i, node)
@@ -403,7 +319,7 @@ def _linear_resize(view: _View, i: int, node: Node) -> Fused | None:
     return Fused("Resize", (x, "", "", np.array(out_shape, "int64")), frozenset(absorbed), attrs)
 
 
-def _lerp_matmul(view: _View, i: int, node: Node) -> Fused | None:
+def _lerp_matmul(view: View, i: int, node: Node) -> Fused | None:
     """a linear interpolation along one of the last two axes (two gathers and a lerp) -> MatMul
     by its constant matrix, from the right for the last axis, from the left for the one before"""
     step = _linear_step(view, i, node)
@@ -421,7 +337,7 @@ def _lerp_matmul(view: _View, i: int, node: Node) -> Fused | None:
     return Fused("MatMul", inputs, frozenset(absorbed))
 
 
-def _softmax(view: _View, i: int, node: Node) -> Fused | None:
+def _softmax(view: View, i: int, node: Node) -> Fused | None:
     """e / sum(e), e = exp(x - max(x)), over one axis -> Softmax(x)"""
     if node.prim is not Prim.DIV:
         return None
@@ -443,7 +359,7 @@ def _softmax(view: _View, i: int, node: Node) -> Fused | None:
     return Fused("Softmax", (x,), absorbed, {"axis": total[1].a["axes"][0]})
 
 
-def _mean_of(view: _View, v: str):
+def _mean_of(view: View, v: str):
     """(x, axes, absorbed) when v = reduce_sum(x) * (1 / the number of elements summed)."""
     scaled = view.inner(v, Prim.MUL)
     pair = scaled and view.operand_and_scalar(scaled[1])
@@ -452,10 +368,10 @@ def _mean_of(view: _View, v: str):
         return None
     x, axes = total[1].inputs[0], tuple(total[1].a["axes"])
     count = math.prod(view.shape(x)[a] for a in axes)
-    return (x, axes, {scaled[0], total[0]}) if _close(pair[1], 1.0 / count) else None
+    return (x, axes, {scaled[0], total[0]}) if close(pair[1], 1.0 / count) else None
 
 
-def _normalized(view: _View, i: int, node: Node):
+def _normalized(view: View, i: int, node: Node):
     """(x, axes, eps, absorbed) for (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps), written as a
     division by the root or a product with its reciprocal."""
     if node.prim not in (Prim.MUL, Prim.DIV):
@@ -484,7 +400,7 @@ def _normalized(view: _View, i: int, node: Node):
     return None
 
 
-def _affine(view: _View, i: int, node: Node, prim: Prim):
+def _affine(view: View, i: int, node: Node, prim: Prim):
     """(inner value, parameter value, absorbed) for inner (*|+) broadcast(parameter), either order."""
     if node.prim is not prim:
         return None
@@ -495,7 +411,7 @@ def _affine(view: _View, i: int, node: Node, prim: Prim):
     return None
 
 
-def _normalization(view: _View, i: int, node: Node) -> Fused | None:
+def _normalization(view: View, i: int, node: Node) -> Fused | None:
     """normalize(x) [* scale] [+ bias] over x's last axes -> LayerNormalization(x), over every
     axis after N and C -> InstanceNormalization(x)"""
     params, absorbed = {}, set()
@@ -533,7 +449,7 @@ def _normalization(view: _View, i: int, node: Node) -> Fused | None:
     return None
 
 
-def _parameter(view: _View, v: str | None, shape: tuple[int, ...], default):
+def _parameter(view: View, v: str | None, shape: tuple[int, ...], default):
     """A scale or bias as the operator takes it: the value itself when it has `shape`, else its
     known array reshaped to `shape` (when it holds one element per position), `default` when the
     pattern has none; None when neither works."""
@@ -548,7 +464,7 @@ def _parameter(view: _View, v: str | None, shape: tuple[int, ...], default):
 
 
 # tried in order at each root, so a pattern that contains another comes first
-PATTERNS: tuple[Callable[[_View, int, Node], Fused | None], ...] = (
+PATTERNS: tuple[Callable[[View, int, Node], Fused | None], ...] = (
     _hard_swish,
     _hard_sigmoid,
     _clip,
@@ -573,7 +489,7 @@ def fuse(graph: Graph, weights: Mapping[str, np.ndarray] | None = None, patterns
     Roots are visited from the end, so the largest pattern ending at a node claims its primitives
     first. `weights` (known input values) let a linear resize's weights and a normalization's
     parameters be read."""
-    view, found = _View(graph, weights), {}
+    view, found = View(graph, weights), {}
     for i in range(len(graph.nodes) - 1, -1, -1):
         if i in view.taken:
             continue

@@ -13,7 +13,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, source_digest
+from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, onnx_view, source_digest
 from korch.backends.onnx_patterns import fuse, split_groups
 from korch.frontend.onnx.tensor_types import to_onnx_dtype
 from korch.ir.graph import Graph, Node
@@ -316,7 +316,8 @@ class OnnxRuntimeBackend(Backend):
     def version(self) -> str:
         import onnxruntime
 
-        return f"onnxruntime-{onnxruntime.__version__}+{source_digest(sys.modules[__name__], onnx_patterns)}"
+        digest = source_digest(sys.modules[__name__], onnx_patterns, onnx_view)
+        return f"onnxruntime-{onnxruntime.__version__}+{digest}"
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:
         nodes = spec.graph.nodes

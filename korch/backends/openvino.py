@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import torch
 
-from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, onnxrt, source_digest
+from korch.backends import Backend, CompiledKernel, Weights, onnx_patterns, onnx_view, onnxrt, source_digest
 from korch.backends.onnxrt import source_model, to_onnx, unfused_window
 from korch.frontend.onnx.importer import DEFAULT_DOMAINS
 from korch.ir.graph import Graph
@@ -76,7 +76,7 @@ class OpenVinoBackend(Backend):
     def version(self) -> str:
         import openvino
 
-        digest = source_digest(sys.modules[__name__], onnxrt, onnx_patterns)
+        digest = source_digest(sys.modules[__name__], onnxrt, onnx_patterns, onnx_view)
         return f"openvino-{openvino.__version__}+{digest}"
 
     def supports(self, spec: KernelSpec, device: str) -> str | None:

@@ -189,18 +189,23 @@ def runoff(best, measured: list, settings: Settings = Settings(), timings: PlanT
 
 
 def _run_off(close: list, settings: Settings) -> dict:
-    """The runoff itself: {"min_ms", "medians_ms", "winner"} (and how often the winner was faster
-    than the source model in a round, when that is among them)."""
+    """The runoff itself: {"min_ms", "medians_ms", "fastest_ms", "round_medians_ms", "winner"} (and
+    how often the winner was faster than the source model in a round, when that is among them)."""
     calls = {}
     for i, (plan, _) in enumerate(close):
         calls[i] = plan.executable().caller(plan.random_inputs())
     pause = settings.spread_s / RUNOFF_ROUNDS
     # blocks of at least block_s each (and 4 calls): a sub-millisecond plan gets tens of samples
     rounds = interleave(calls, RUNOFF_ROUNDS, settings.block_s, close[0][0].device, round_pause_s=pause)
-    medians = [statistics.median(ms for r in rounds[i] for ms in r) for i in range(len(close))]
+    timed = [[ms for r in rounds[i] for ms in r] for i in range(len(close))]
+    medians = [statistics.median(ms) for ms in timed]
     winner = medians.index(min(medians))
-    first = [round(p.meta.measured["min_ms"], 6) for p, _ in close]
-    report = {"min_ms": first, "medians_ms": [round(m, 6) for m in medians]}
+    report = {
+        "min_ms": [round(p.meta.measured["min_ms"], 6) for p, _ in close],  # (in place: what ran here)
+        "medians_ms": [round(m, 6) for m in medians],
+        "fastest_ms": [round(min(ms), 6) for ms in timed],  # (in the runoff)
+        "round_medians_ms": [[round(statistics.median(r), 6) for r in rounds[i]] for i in range(len(close))],
+    }
     source = next((i for i, (plan, _) in enumerate(close) if is_source_model(plan)), None)
     if source is not None and winner != source:
         if second_look(*rounds_faster(rounds[winner], rounds[source])):

@@ -328,6 +328,7 @@ def test_refinement_measures_whole_graph_kernels_even_when_their_profile_was_dis
         assert plan.meta.measured["min_ms"] == min(h["min_ms"] for h in history)
     else:  # the lowest median, unless the source model was kept (not consistently slower)
         medians = runoff["medians_ms"]
+        assert all(0 < f <= m for f, m in zip(runoff["fastest_ms"], medians, strict=True))
         fastest = runoff["min_ms"][medians.index(min(medians))]
         source = plan.kernels[0].spec.key.startswith("model-")
         kept_source = source and "rounds_faster_than_source_model" in runoff
