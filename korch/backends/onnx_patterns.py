@@ -107,13 +107,13 @@ def _softplus(view: View, i: int, node: Node) -> Fused | None:
         return None
     for relu_v, log_v in (node.inputs, node.inputs[::-1]):
         relu, log = view.inner(relu_v, Prim.MAX), view.inner(log_v, Prim.LOG)
+        positive = relu and view.operand_and_scalar(relu[1])  # (x, 0)
         one = log and view.inner(log[1].inputs[0], Prim.ADD)
-        tail = one and view.operand_and_scalar(one[1])
-        if not relu or not tail or tail[1] != 1.0 or view.operand_and_scalar(relu[1]) is None:
+        tail = one and view.operand_and_scalar(one[1])  # (exp(-|x|), 1)
+        if not positive or positive[1] != 0.0 or not tail or tail[1] != 1.0:
             continue
-        x, zero = view.operand_and_scalar(relu[1])
-        found = _chain(view, tail[0], Prim.EXP, Prim.NEG, Prim.ABS)
-        if zero == 0.0 and found and found[0] == x and is_float(view.dtype(x)):
+        x, found = positive[0], _chain(view, tail[0], Prim.EXP, Prim.NEG, Prim.ABS)
+        if found and found[0] == x and is_float(view.dtype(x)):
             return Fused("Softplus", (x,), frozenset({i, relu[0], log[0], one[0], *found[1]}))
     return None
 

@@ -201,7 +201,7 @@ def _run_off(close: list, settings: Settings) -> dict:
     medians = [statistics.median(ms) for ms in timed]
     winner = medians.index(min(medians))
     report = {
-        "min_ms": [round(p.meta.measured["min_ms"], 6) for p, _ in close],  # (in place: what ran here)
+        "min_ms": [round(p.meta.measured["min_ms"], 6) for p, _ in close],  # (in place: why each ran)
         "medians_ms": [round(m, 6) for m in medians],
         "fastest_ms": [round(min(ms), 6) for ms in timed],  # (in the runoff)
         "round_medians_ms": [[round(statistics.median(r), 6) for r in rounds[i]] for i in range(len(close))],
