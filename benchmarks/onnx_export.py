@@ -9,14 +9,12 @@ timed side by side as a caller calls it (runtime.interleave: alternating blocks 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import statistics
 from pathlib import Path
 
 from boundaries import korch_graph
-from zoo_bench import PAPER_MODELS, save
+from zoo_bench import run_zoo
 
 from korch.backends import onnx_patterns
 from korch.cli import zoo
@@ -79,18 +77,7 @@ def run_model(name: str, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", default=list(PAPER_MODELS))
-    parser.add_argument("--dir", help="zoo cache directory")
-    parser.add_argument("--out", default="onnx_export.json")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--block-s", type=float, default=0.5)
-    args = parser.parse_args()
-    out = Path(args.out)
-    doc = json.loads(out.read_text()) if out.exists() else {"runs": {}}
-    for name in args.models:
-        doc["runs"][name] = run_model(name, args)
-        save(out, doc)
+    run_zoo(__doc__.splitlines()[0], run_model, "onnx_export.json")
 
 
 if __name__ == "__main__":

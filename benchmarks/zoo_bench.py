@@ -180,6 +180,26 @@ def save(path: Path, doc: dict) -> None:
     tmp.replace(path)
 
 
+def run_zoo(description: str, run_model, out_default: str, **options) -> None:
+    """The command line of a script that runs `run_model(name, args)` on zoo models (the paper's
+    five by default) and times them side by side (--rounds, --block-s), each model's entry saved in
+    --out's "runs" as soon as it is done. `options`: more string options, name -> default."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("models", nargs="*", default=list(PAPER_MODELS))
+    parser.add_argument("--dir", help="zoo cache directory")
+    parser.add_argument("--out", default=out_default)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--block-s", type=float, default=0.5)
+    for name, default in options.items():
+        parser.add_argument(f"--{name}", default=default)
+    args = parser.parse_args()
+    out = Path(args.out)
+    doc = json.loads(out.read_text()) if out.exists() else {"runs": {}}
+    for name in args.models:
+        doc["runs"][name] = run_model(name, args)
+        save(out, doc)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help="zoo models (default: all; none with --render)")
