@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections import Counter
 from pathlib import Path
 
 import onnx
-from zoo_bench import PAPER_MODELS, save
+from zoo_bench import PAPER_MODELS, save, side_by_side
 
 from korch.cli import zoo
 from korch.frontend import import_onnx
@@ -37,7 +36,7 @@ from korch.measure import check
 from korch.orchestrate.solver import Choice, Solution
 from korch.pipeline import add_seeds, unfused
 from korch.plan.plan import build_plan
-from korch.plan.runtime import interleave, measure_in_place
+from korch.plan.runtime import measure_in_place
 from korch.profile.database import ProfileDB
 from korch.profile.rewrite_timing import RewriteTimer
 from korch.rewrite import rewrite
@@ -117,10 +116,8 @@ def run_model(name: str, args) -> dict:
         pieces = [make_candidate(graph, range(a, b)) for a, b in zip(cuts, cuts[1:])]
         add(f"cut {k}", [args.split_backend] * k, pieces)
     callers = {label: plan.executable().caller(plan.random_inputs()) for label, plan in plans.items()}
-    rounds = interleave(callers, args.rounds, args.block_s, "cpu", pause_s=0.2)
-    for label, timed in rounds.items():
-        calls = [ms for r in timed for ms in r]
-        doc[label].update(median_ms=round(statistics.median(calls), 4), min_ms=round(min(calls), 4))
+    for label, timing in side_by_side(callers, args).items():
+        doc[label].update(timing)
     partitions = [
         {
             "primitives": len(seed.nodes),

@@ -10,11 +10,10 @@ timed side by side as a caller calls it (runtime.interleave: alternating blocks 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from pathlib import Path
 
 from boundaries import korch_graph
-from zoo_bench import run_zoo
+from zoo_bench import run_zoo, side_by_side
 
 from korch.backends import onnx_patterns
 from korch.cli import zoo
@@ -22,7 +21,6 @@ from korch.measure import check
 from korch.orchestrate.solver import Choice, Solution
 from korch.pipeline import original_model_seed
 from korch.plan.plan import build_plan
-from korch.plan.runtime import interleave
 from korch.search.candidates import make_candidate
 from korch.search.kernel import WHOLE_GRAPH_PREFIX
 
@@ -64,10 +62,8 @@ def run_model(name: str, args) -> dict:
             "verify_error": check.compare_outputs(plan.run(feeds), want),
         }
         callers[label] = executable.caller(plan.random_inputs())
-    rounds = interleave(callers, args.rounds, args.block_s, "cpu", pause_s=0.2)
-    for label, timed in rounds.items():
-        calls = [ms for r in timed for ms in r]
-        doc[label].update(median_ms=round(statistics.median(calls), 4), min_ms=round(min(calls), 4))
+    for label, timing in side_by_side(callers, args).items():
+        doc[label].update(timing)
         print(
             f"{name} {label}: {doc[label]['median_ms']:.2f} ({doc[label]['min_ms']:.2f}) ms, "
             f"{doc[label]['launches']} launches, err {doc[label]['verify_error']:.1e}",

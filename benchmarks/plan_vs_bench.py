@@ -19,12 +19,13 @@ from zoo_bench import save
 
 def optimized(plan_dir: Path) -> dict:
     """What optimize stored in the plan: how it decided, and its timings of the plan kept."""
-    meta = json.loads((plan_dir / "plan.json").read_text())["meta"]
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    meta = plan["meta"]
     measured, runoff = meta.get("measured") or {}, meta.get("runoff") or {}
     winner = runoff.get("winner")
     return {
         "decided_by": meta.get("decided_by"),
-        "kernels": len(json.loads((plan_dir / "plan.json").read_text())["kernels"]),
+        "kernels": len(plan["kernels"]),
         "in_place_ms": measured.get("ms"),
         "in_place_min_ms": measured.get("min_ms"),
         "runoff_median_ms": runoff["medians_ms"][winner] if runoff else None,
@@ -60,8 +61,7 @@ def main() -> None:
         benched = bench(plan_dir, args)
         korch = benched["results"]["korch"]
         row.update(bench_median_ms=korch["median_ms"], bench_min_ms=korch["min_ms"], bench=benched)
-        for name in ("in_place", "runoff"):
-            median = row[f"{name}_ms" if name == "in_place" else "runoff_median_ms"]
+        for name, median in (("in_place", row["in_place_ms"]), ("runoff", row["runoff_median_ms"])):
             row[f"{name}_over_bench"] = round(median / korch["median_ms"], 4) if median else None
         doc["plans"][plan_dir.name] = row
         save(out, doc)

@@ -10,19 +10,17 @@ side as a caller calls them (runtime.interleave: alternating blocks with pauses)
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from pathlib import Path
 
 from boundaries import korch_graph
-from zoo_bench import run_zoo
+from zoo_bench import run_zoo, side_by_side
 
 from korch.backends import inductor
 from korch.cli import zoo
 from korch.measure import check
 from korch.orchestrate.solver import Choice, Solution
 from korch.plan.plan import build_plan
-from korch.plan.runtime import interleave
 from korch.search.candidates import make_candidate
 
 
@@ -53,14 +51,8 @@ def run_model(name: str, args) -> dict:
                 print(f"  {name} {label}: compiled in {compile_s:.0f} s", flush=True)
     finally:
         inductor.CPP_WRAPPER_FROM = threshold
-    rounds = interleave(callers, args.rounds, args.block_s, "cpu", pause_s=0.2)
-    for label, timed in rounds.items():
-        calls = [ms for r in timed for ms in r]
-        doc[label].update(
-            median_ms=round(statistics.median(calls), 4),
-            min_ms=round(min(calls), 4),
-            round_medians_ms=[round(statistics.median(r), 4) for r in timed],
-        )
+    for label, timing in side_by_side(callers, args).items():
+        doc[label].update(timing)
     for backend in args.backends.split(","):
         python, cpp = doc[f"{backend} python"], doc[f"{backend} cpp"]
         print(

@@ -31,6 +31,7 @@ from korch.cli.bench import bench
 from korch.measure.device import cpu_model
 from korch.measure.roofline import measure_ceilings, node_flops
 from korch.pipeline import OptimizeOptions, optimize
+from korch.plan.runtime import interleave
 from korch.search.kernel import SOURCE_MODEL_PREFIX
 
 MEMORY_BOUND = ("candy", "segformer-b0", "efficientvit-b1")
@@ -178,6 +179,20 @@ def save(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(path)
+
+
+def side_by_side(callers: dict, args) -> dict[str, dict]:
+    """Each caller timed side by side (runtime.interleave: --rounds rounds of --block-s blocks,
+    pauses between): its median, minimum and per-round medians, in ms."""
+    rounds = interleave(callers, args.rounds, args.block_s, "cpu", pause_s=0.2)
+    return {
+        label: {
+            "median_ms": round(statistics.median(ms for r in timed for ms in r), 4),
+            "min_ms": round(min(ms for r in timed for ms in r), 4),
+            "round_medians_ms": [round(statistics.median(r), 4) for r in timed],
+        }
+        for label, timed in rounds.items()
+    }
 
 
 def run_zoo(description: str, run_model, out_default: str, **options) -> None:

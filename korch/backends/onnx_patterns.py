@@ -107,12 +107,12 @@ def _softplus(view: View, i: int, node: Node) -> Fused | None:
         return None
     for relu_v, log_v in (node.inputs, node.inputs[::-1]):
         relu, log = view.inner(relu_v, Prim.MAX), view.inner(log_v, Prim.LOG)
-        positive = relu and view.operand_and_scalar(relu[1])  # (x, 0)
+        positive = relu and _relu(view, *relu)
         one = log and view.inner(log[1].inputs[0], Prim.ADD)
         tail = one and view.operand_and_scalar(one[1])  # (exp(-|x|), 1)
-        if not positive or positive[1] != 0.0 or not tail or tail[1] != 1.0:
+        if not positive or not tail or tail[1] != 1.0:
             continue
-        x, found = positive[0], _chain(view, tail[0], Prim.EXP, Prim.NEG, Prim.ABS)
+        x, found = positive.inputs[0], _chain(view, tail[0], Prim.EXP, Prim.NEG, Prim.ABS)
         if found and found[0] == x and is_float(view.dtype(x)):
             return Fused("Softplus", (x,), frozenset({i, relu[0], log[0], one[0], *found[1]}))
     return None
