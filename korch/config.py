@@ -69,6 +69,9 @@ IN_PLACE_FLOOR = 0.5  # a negative in-place correction takes at most this share 
 # measured minutes apart, and a slow episode of a shared machine, seconds long, slows some plans more
 RUNOFF = 2.0
 RUNOFF_ROUNDS = 8  # rounds of that runoff: a surer choice against optimize's time
+# ... counted only where the plans ran, on their median, within this factor of their fastest: each slow
+# round is run again, up to RUNOFF_ROUNDS more (korch.measure.timing.calm_rounds)
+RUNOFF_CALM = 1.25
 RUNOFF_SIGNIFICANCE = 0.05  # a plan replaces the source model when a sign test over the rounds says so
 
 # plans

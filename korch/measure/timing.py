@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from korch.config import RETIME_PAUSE_S, RETIMES, RUNOFF_SIGNIFICANCE, WAKE_CALLS
+from korch.config import RETIME_PAUSE_S, RETIMES, RUNOFF_CALM, RUNOFF_SIGNIFICANCE, WAKE_CALLS
 from korch.measure import busy
 from korch.measure.device import hold_device, synchronize, timing_events
 
@@ -205,3 +205,38 @@ def second_look(wins: int, n: int) -> bool:
     With 8 rounds and then 8 more, a challenger no faster than the incumbent passes either look
     5.9% of the time, against 3.5% with one look (tests/e2e/test_optimize.py works it out)."""
     return 2 * wins > n and not _significant(wins, n)
+
+
+def calm_rounds(rounds: list[list[list[float]]], reference: list[float]) -> list[int]:
+    """The rounds of a side-by-side timing (rounds[system][round]: that round's calls) in which the
+    machine ran at its usual speed: on the median over systems, the round's median call at most
+    RUNOFF_CALM times the system's reference (what it ran at when unhindered: the fastest of its
+    round medians, or a faster earlier timing). A shared machine has slow episodes, tens of
+    seconds long, that /proc/stat does not show (no other process, no stolen time) and that slow
+    one system more than another, so a choice made in one is not the choice made outside it."""
+    systems = range(len(rounds))
+    floor = [min([reference[i]] + [statistics.median(r) for r in rounds[i] if r]) for i in systems]
+    calm = []
+    for k in range(len(rounds[0])):
+        slow = [statistics.median(rounds[i][k]) / floor[i] for i in systems if rounds[i][k] and floor[i] > 0]
+        if slow and statistics.median(slow) <= RUNOFF_CALM:
+            calm.append(k)
+    return calm
+
+
+def calm_side_by_side(
+    run: Callable[[int], list[list[list[float]]]], rounds: int, reference: list[float]
+) -> tuple[list[list[list[float]]], list[int]]:
+    """`rounds` rounds side by side (`run(k)`: k more rounds, rounds[system][round] as above), then
+    more for as many as were slow, up to twice `rounds` in all: (every round, the rounds to decide
+    by). Those are the calm rounds where at least half of `rounds` were calm, else every round (a
+    machine slow throughout is judged as it ran)."""
+    timed = run(rounds)
+    while True:
+        calm = calm_rounds(timed, reference)
+        ran = len(timed[0])
+        if len(calm) >= rounds or ran >= 2 * rounds:
+            break
+        more = run(min(rounds - len(calm), 2 * rounds - ran))
+        timed = [before + after for before, after in zip(timed, more, strict=True)]
+    return timed, calm if 2 * len(calm) >= rounds else list(range(len(timed[0])))

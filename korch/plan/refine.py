@@ -10,13 +10,14 @@ import dataclasses
 import logging
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from korch.config import IN_PLACE_FLOOR, RUNOFF, RUNOFF_ROUNDS, WHOLE_GRAPH_REACH
 from korch.errors import KorchError, first_line
 from korch.ir.graph import Graph
-from korch.measure.timing import consistently_faster, rounds_faster, second_look
+from korch.measure.timing import calm_side_by_side, consistently_faster, rounds_faster, second_look
 from korch.orchestrate.solver import Choice, Solution
 from korch.plan.plan import Plan, is_source_model
 from korch.plan.runtime import interleave, measure_in_place
@@ -189,22 +190,33 @@ def runoff(best, measured: list, settings: Settings = Settings(), timings: PlanT
 
 
 def _run_off(close: list, settings: Settings) -> dict:
-    """The runoff itself: {"min_ms", "medians_ms", "fastest_ms", "round_medians_ms", "winner"} (and
-    how often the winner was faster than the source model in a round, when that is among them)."""
+    """The runoff itself: {"min_ms", "medians_ms", "fastest_ms", "round_medians_ms",
+    "rounds_decided_by", "winner"} (and how often the winner was faster than the source model in a
+    round, when that is among them). It decides by the calm rounds (korch.measure.timing.calm_side_by_side),
+    each plan's in-place minimum among the references that tell a slow round."""
     calls = {}
     for i, (plan, _) in enumerate(close):
         calls[i] = plan.executable().caller(plan.random_inputs())
     pause = settings.spread_s / RUNOFF_ROUNDS
-    # blocks of at least block_s each (and 4 calls): a sub-millisecond plan gets tens of samples
-    rounds = interleave(calls, RUNOFF_ROUNDS, settings.block_s, close[0][0].device, round_pause_s=pause)
+
+    def run(k: int) -> list[list[list[float]]]:
+        time.sleep(pause)
+        # blocks of at least block_s each (and 4 calls): a sub-millisecond plan gets tens of samples
+        by_plan = interleave(calls, k, settings.block_s, close[0][0].device, round_pause_s=pause)
+        return [by_plan[i] for i in range(len(close))]
+
+    in_place = [p.meta.measured["min_ms"] for p, _ in close]
+    every, used = calm_side_by_side(run, RUNOFF_ROUNDS, in_place)
+    rounds = {i: [every[i][k] for k in used] for i in range(len(close))}
     timed = [[ms for r in rounds[i] for ms in r] for i in range(len(close))]
     medians = [statistics.median(ms) for ms in timed]
     winner = medians.index(min(medians))
     report = {
-        "min_ms": [round(p.meta.measured["min_ms"], 6) for p, _ in close],  # (in place: why each ran)
-        "medians_ms": [round(m, 6) for m in medians],
-        "fastest_ms": [round(min(ms), 6) for ms in timed],  # (in the runoff)
-        "round_medians_ms": [[round(statistics.median(r), 6) for r in rounds[i]] for i in range(len(close))],
+        "min_ms": [round(ms, 6) for ms in in_place],  # (in place: why each ran)
+        "medians_ms": [round(m, 6) for m in medians],  # (this and the next over the rounds decided by)
+        "fastest_ms": [round(min(ms), 6) for ms in timed],
+        "round_medians_ms": [[round(statistics.median(r), 6) for r in every[i]] for i in range(len(close))],
+        "rounds_decided_by": used,
     }
     source = next((i for i, (plan, _) in enumerate(close) if is_source_model(plan)), None)
     if source is not None and winner != source:
