@@ -25,6 +25,10 @@ FASTER = 0.8  # a measured rewrite must take under this fraction of the time: no
 NARROW = 4  # widen convolutions of at most this many output channels: more folded work for vector width
 BLOCK = 2  # output pixels folded per axis when widening: more channels against a larger weight
 
+# running: freed memory at the top of glibc's heap kept in the process, up to this much, instead of given
+# back after every call and faulted in again by the next (korch.plan.heap): memory held for speed
+HEAP_KEEP_BYTES = 256 << 20
+
 # measuring
 WAKE_CALLS = 3  # calls after a pause before timing: the first calls after a sleep run slow
 RETIMES = 2  # a timing taken while others used the CPU is retaken this many times: accuracy for time

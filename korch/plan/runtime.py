@@ -29,6 +29,7 @@ from korch.measure.timing import (
     rest,
     warm_up,
 )
+from korch.plan.heap import keep_heap
 
 log = logging.getLogger("korch")
 
@@ -39,6 +40,7 @@ class Executable:
         device = plan.device
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise KorchError(f"this plan was built for {device}, and no CUDA device is available here")
+        keep_heap()  # the buffers of one call stay in the process for the next (korch.plan.heap)
         backends = all_backends()
         compiled: dict[tuple, object] = {}
         # C order: a weight the import transposed (Gemm's transB) is a Fortran-order view, and a
