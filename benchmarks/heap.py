@@ -1,4 +1,4 @@
-"""Saved plans run in fresh processes with korch keeping the C heap (korch.plan.heap) and without
+"""Saved plans run in fresh processes with korch keeping the C heap (korch.measure.heap) and without
 (`KORCH_KEEP_HEAP=0`, glibc's defaults), alternating: each process loads one plan, makes WARM calls,
 then calls it for --seconds; per process its median and fastest call, and the page faults per call
 and system over user CPU time that the kernel counted (getrusage). A process of its own per

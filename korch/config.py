@@ -26,7 +26,7 @@ NARROW = 4  # widen convolutions of at most this many output channels: more fold
 BLOCK = 2  # output pixels folded per axis when widening: more channels against a larger weight
 
 # running: freed memory at the top of glibc's heap kept in the process, up to this much, instead of given
-# back after every call and faulted in again by the next (korch.plan.heap): memory held for speed
+# back after every call and faulted in again by the next (korch.measure.heap): memory held for speed
 HEAP_KEEP_BYTES = 256 << 20
 
 # measuring

@@ -20,6 +20,7 @@ from korch.ir.prims import BFLOAT16
 from korch.ir.reference import mismatch
 from korch.ir.tensors import DTYPES, as_tensor, to_numpy, to_tensor
 from korch.measure import busy
+from korch.measure.heap import keep_heap
 from korch.measure.timing import (
     device_intervals,
     elapsed_ms,
@@ -29,7 +30,6 @@ from korch.measure.timing import (
     rest,
     warm_up,
 )
-from korch.plan.heap import keep_heap
 
 log = logging.getLogger("korch")
 
@@ -40,7 +40,7 @@ class Executable:
         device = plan.device
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise KorchError(f"this plan was built for {device}, and no CUDA device is available here")
-        keep_heap()  # the buffers of one call stay in the process for the next (korch.plan.heap)
+        keep_heap()  # the buffers of one call stay in the process for the next (korch.measure.heap)
         backends = all_backends()
         compiled: dict[tuple, object] = {}
         # C order: a weight the import transposed (Gemm's transB) is a Fortran-order view, and a

@@ -24,7 +24,7 @@ from multiprocessing.connection import wait
 
 from korch.config import STARTUP_FAILURES, STARTUP_S
 from korch.errors import KorchError
-from korch.plan.heap import keep_heap
+from korch.measure.heap import keep_heap
 
 _READY = {"ready": True}
 
@@ -111,7 +111,7 @@ def _serve(conn, threads: int, run: Callable[[dict], dict]) -> None:
     # outside the main thread, where a process cannot change its signal handlers)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     use_threads(threads)
-    keep_heap()  # kernels timed here as a plan runs them (korch.plan.heap)
+    keep_heap()  # kernels timed here as a plan runs them (korch.measure.heap)
     with contextlib.suppress(EOFError, BrokenPipeError):  # the parent is gone: nothing to serve
         conn.send(_READY)
         while True:

@@ -1,4 +1,4 @@
-"""korch.plan.heap: once korch has built a plan's executable, or started a profiling worker, a call
+"""korch.measure.heap: once korch has built a plan's executable, or started a profiling worker, a call
 that allocates and frees the same 24 MiB faults no pages in; with `KORCH_KEEP_HEAP=0` (glibc's
 defaults) it faults them in again every call. Page faults as the kernel counts them (getrusage)."""
 
