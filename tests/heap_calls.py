@@ -1,8 +1,9 @@
 """What a plan's call does to the C heap (24 MiB allocated in four arrays, then freed), and the page
 faults per call that the kernel counted (getrusage): run as a script after building a plan's
-executable, and as a job of korch's profiling workers (tests/plan/test_heap.py)."""
+executable or timing a rewrite, and as a job of korch's profiling workers (tests/plan/test_heap.py)."""
 
 import resource
+import sys
 
 import numpy as np
 from helpers import onnx_model
@@ -11,6 +12,7 @@ from onnx import TensorProto, helper
 import korch
 from korch.orchestrate.solver import Choice, Solution
 from korch.plan.plan import build_plan
+from korch.profile.rewrite_timing import time_rewrite
 from korch.search.candidates import make_candidate
 
 
@@ -41,5 +43,15 @@ def after_executable() -> float:
     return faults_per_call()
 
 
+def after_rewrite_timing() -> float:
+    f = TensorProto.FLOAT
+    io = [helper.make_tensor_value_info(n, f, [2, 3]) for n in ("x", "y")]
+    graph = korch.fission(
+        onnx_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", io[:1], io[1:]))
+    ).graph
+    time_rewrite(graph, graph, "cpu", rounds=1)
+    return faults_per_call()
+
+
 if __name__ == "__main__":
-    print(after_executable())
+    print({"executable": after_executable, "rewrite": after_rewrite_timing}[sys.argv[1]]())

@@ -7,7 +7,8 @@ page; where it stays depends on what else the process allocated, so one plan run
 speeds in different processes. keep_heap() sets the trim threshold to HEAP_KEEP_BYTES and serves
 allocations of up to 32 MiB (the most glibc accepts for its mmap threshold) from the heap, which
 setting a threshold requires: glibc stops adjusting both once one is set. korch calls it when it
-builds a plan's executable and in its profiling workers, so that kernels are timed as plans run.
+builds a plan's executable, in its profiling workers and before it times a rewrite, so that kernels
+are timed as plans run.
 Nothing happens where the C library is not glibc, or where `KORCH_KEEP_HEAP=0`."""
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import torch
 from korch.backends.torch_ops import graph_function
 from korch.ir.graph import Graph, to_text
 from korch.measure.device import device_name, example_tensors
+from korch.measure.heap import keep_heap
 from korch.measure.timing import time_fn
 from korch.profile.database import ProfileDB
 
@@ -21,6 +22,7 @@ def time_rewrite(before: Graph, after: Graph, device: str, rounds: int = 3) -> t
     convolutions Inductor and the vendor backend call), each the fastest of interleaved rounds of
     the profiler's timer. If either fails to run (a dtype without a kernel, out of memory), the
     rewritten one counts as never faster."""
+    keep_heap()  # timed as a plan would run them (korch.measure.heap)
     best = [float("inf"), float("inf")]
     try:
         inputs = example_tensors(before, device)

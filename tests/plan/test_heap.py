@@ -1,6 +1,7 @@
-"""korch.measure.heap: once korch has built a plan's executable, or started a profiling worker, a call
-that allocates and frees the same 24 MiB faults no pages in; with `KORCH_KEEP_HEAP=0` (glibc's
-defaults) it faults them in again every call. Page faults as the kernel counts them (getrusage)."""
+"""korch.measure.heap: once korch has built a plan's executable, timed a rewrite or started a
+profiling worker, a call that allocates and frees the same 24 MiB faults no pages in; with
+`KORCH_KEEP_HEAP=0` (glibc's defaults) it faults them in again every call. Page faults as the
+kernel counts them (getrusage)."""
 
 import os
 import platform
@@ -33,9 +34,10 @@ def check(faults: float, kept: bool) -> None:
 
 
 @pytest.mark.parametrize("keep", ["1", "0"], indirect=True)
-def test_after_a_plan_executable(keep):
+@pytest.mark.parametrize("after", ["executable", "rewrite"])
+def test_after_a_plan_executable_or_a_rewrite_timing(keep, after):
     out = subprocess.run(
-        [sys.executable, str(TESTS / "heap_calls.py")],
+        [sys.executable, str(TESTS / "heap_calls.py"), after],
         capture_output=True,
         text=True,
         timeout=300,
