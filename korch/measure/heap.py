@@ -1,15 +1,15 @@
 """The C heap kept between a plan's calls.
 
 A plan's kernels allocate their intermediate tensors in every call and free them at its end. With
-glibc's defaults, freed memory at the top of the heap beyond a trim threshold (which glibc raises as
-the program runs, up to 64 MiB) goes back to the system, and the next call faults it in again, page by
-page; where it stays depends on what else the process allocated, so one plan runs at different
-speeds in different processes. keep_heap() sets the trim threshold to HEAP_KEEP_BYTES and serves
-allocations of up to 32 MiB (the most glibc accepts for its mmap threshold) from the heap, which
-setting a threshold requires: glibc stops adjusting both once one is set. korch calls it when it
-builds a plan's executable, in its profiling workers and before it times a rewrite, so that kernels
-are timed as plans run.
-Nothing happens where the C library is not glibc, or where `KORCH_KEEP_HEAP=0`."""
+glibc's defaults, freed memory at the top of the heap beyond a trim threshold (which glibc raises
+as the program runs, up to 64 MiB) goes back to the system, and the next call faults it in again,
+page by page; whether it does depends on what else the process allocated, so one plan can run at
+different speeds in different processes. keep_heap() sets the trim threshold to HEAP_KEEP_BYTES
+and serves allocations of up to 32 MiB (the most glibc accepts for its mmap threshold) from the
+heap, which setting a threshold requires: glibc stops adjusting both once one is set. korch calls
+it when it builds a plan's executable, in its profiling workers and before it times a rewrite, so
+that kernels are timed as plans run. Nothing happens where the C library is not glibc, or where
+`KORCH_KEEP_HEAP=0`."""
 
 from __future__ import annotations
 
