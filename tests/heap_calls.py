@@ -33,22 +33,21 @@ def faults_job(job: dict) -> dict:
     return {"status": "ok", "faults": faults_per_call()}
 
 
-def after_executable() -> float:
-    f = TensorProto.FLOAT
-    io = [helper.make_tensor_value_info(n, f, [2, 3]) for n in ("x", "y")]
-    graph = korch.fission(
+def relu_graph():
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "y")]
+    return korch.fission(
         onnx_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", io[:1], io[1:]))
     ).graph
+
+
+def after_executable() -> float:
+    graph = relu_graph()
     build_plan(graph, Solution([Choice(make_candidate(graph, [0]), "eager", 1.0)]), "cpu").executable()
     return faults_per_call()
 
 
 def after_rewrite_timing() -> float:
-    f = TensorProto.FLOAT
-    io = [helper.make_tensor_value_info(n, f, [2, 3]) for n in ("x", "y")]
-    graph = korch.fission(
-        onnx_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", io[:1], io[1:]))
-    ).graph
+    graph = relu_graph()
     time_rewrite(graph, graph, "cpu", rounds=1)
     return faults_per_call()
 
