@@ -1,12 +1,13 @@
 """Primitive patterns written back as the ONNX operator they were split from (Relu, Clip,
 HardSigmoid, HardSwish, LeakyRelu, MaxPool, AveragePool, Resize, Softmax, LayerNormalization,
-InstanceNormalization, Split; for OpenVINO also Softplus and Mish), or as a MatMul (a small linear
-resize along the last two axes), so that ONNX Runtime's and OpenVINO's own kernels and fusions apply
-to a kernel graph as they do to the source model. ONNX Runtime's NCHWc convolutions take Relu,
-Clip, HardSigmoid and HardSwish as fused activations but not their primitives, and a Max or Min
-left between two convolutions costs two layout conversions besides its own pass, so a kernel graph
-of such primitives runs slower than the source model. Its Gather along an inner axis is slow: a
-bilinear resize runs many times faster as Resize than as gathers and lerps."""
+InstanceNormalization, Split; for OpenVINO also Softplus and Mish, the latter in either of korch's
+forms), or as a MatMul (a small linear resize along the last two axes), so that ONNX Runtime's and
+OpenVINO's own kernels and fusions apply to a kernel graph as they do to the source model. ONNX
+Runtime's NCHWc convolutions take Relu, Clip, HardSigmoid and HardSwish as fused activations but
+not their primitives, and a Max or Min left between two convolutions costs two layout conversions
+besides its own pass, so a kernel graph of such primitives runs slower than the source model. Its
+Gather along an inner axis is slow: a bilinear resize runs many times faster as Resize than as
+gathers and lerps."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from korch.backends.onnx_view import Fused, View, close
 from korch.frontend.ops.sampling import COORDINATE_MODES, linear_taps, source_coords
 from korch.ir.graph import Graph, Node
 from korch.ir.prims import Prim, is_float, repeat_factor
+from korch.rewrite.mish import CAPS
 
 
 def _hard_sigmoid(view: View, i: int, node: Node) -> Fused | None:
@@ -129,6 +131,27 @@ def _mish(view: View, i: int, node: Node) -> Fused | None:
         soft = inner and _softplus(view, *inner)
         if soft and soft.inputs == (x,):
             return Fused("Mish", (x,), soft.absorbed | {i, tanh[0]})
+    return None
+
+
+def _mish_ratio(view: View, i: int, node: Node) -> Fused | None:
+    """x * (m / (m + 2)), m = n * (n + 2), n = exp(min(x, cap)) -> Mish(x) (korch.rewrite.mish's
+    form of it, at that dtype's cap)"""
+    if node.prim is not Prim.MUL:
+        return None
+    for x, ratio in (node.inputs, node.inputs[::-1]):
+        div = view.inner(ratio, Prim.DIV)
+        m_v = div and div[1].inputs[0]
+        den = div and view.inner(div[1].inputs[1], Prim.ADD)
+        m = den and view.operand_and_scalar(den[1]) == (m_v, 2.0) and view.shared(m_v, Prim.MUL)
+        if not m:
+            continue
+        for n_v, plus_v in (m[1].inputs, m[1].inputs[::-1]):
+            plus = view.inner(plus_v, Prim.ADD)
+            n = plus and view.operand_and_scalar(plus[1]) == (n_v, 2.0) and view.shared(n_v, Prim.EXP)
+            low = n and view.inner(n[1].inputs[0], Prim.MIN)
+            if low and view.operand_and_scalar(low[1]) == (x, CAPS.get(view.dtype(x))):
+                return Fused("Mish", (x,), frozenset({i, div[0], den[0], m[0], plus[0], n[0], low[0]}))
     return None
 
 
@@ -480,7 +503,7 @@ PATTERNS: tuple[Callable[[View, int, Node], Fused | None], ...] = (
 )
 # OpenVINO fuses Mish into the convolution before it; ONNX Runtime runs its Mish (an ONNX function
 # of Softplus, Tanh and Mul) slower than the primitives (BENCHMARKS.md, design constants)
-OPENVINO_PATTERNS = (_mish, _softplus, *PATTERNS)
+OPENVINO_PATTERNS = (_mish, _mish_ratio, _softplus, *PATTERNS)
 POOLS = (_max_pool, _average_pool)  # (korch.backends.torch_ops writes these as aten's pools)
 
 

@@ -31,7 +31,7 @@ class Emitter:
 
     def const(self, array: np.ndarray) -> str:
         name = self._fresh()
-        array = np.ascontiguousarray(array)
+        array = np.array(array, order="C")  # (a copy; np.ascontiguousarray would make a 0-d array 1-d)
         array.setflags(write=False)
         self.constants[name] = array
         self.types[name] = TensorType.of(array)

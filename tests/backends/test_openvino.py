@@ -22,6 +22,7 @@ from korch.ir.tensors import to_tensor
 from korch.measure import check
 from korch.pipeline import OptimizeOptions, optimize, original_model_seed
 from korch.profile.jobs import check_kernel
+from korch.rewrite import cheaper_mish
 from korch.search.candidates import make_candidate
 from korch.search.kernel import kernel_spec
 
@@ -251,17 +252,21 @@ def test_a_constant_baked_into_the_kernel_graph_reaches_the_model():
     _check(spec, {"in0": rand(4, 8)})
 
 
-@pytest.mark.parametrize("op", ["Mish", "Softplus"])
-def test_mish_and_softplus_reach_openvino_as_operators_and_onnxruntime_as_primitives(op):
+@pytest.mark.parametrize("op, cheaper", [("Mish", False), ("Mish", True), ("Softplus", False)])
+def test_mish_and_softplus_reach_openvino_as_operators_and_onnxruntime_as_primitives(op, cheaper):
     """A convolution then Mish (or Softplus): OpenVINO is written the operator (it fuses Mish into
     the convolution), ONNX Runtime the primitives; both agree with the reference executor, on
-    values wide enough that exp overflows at one end and vanishes at the other."""
+    values wide enough that exp overflows at one end and vanishes at the other. Mish as imported,
+    and as korch.rewrite.mish makes it cheaper."""
     vi = helper.make_tensor_value_info
     conv = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
     nodes = [conv, helper.make_node(op, ["c"], ["y"])]
     w = numpy_helper.from_array(rand(4, 3, 3, 3, low=-1, high=1, seed=1), "w")
     graph = helper.make_graph(nodes, "g", [vi("x", F, [1, 3, 8, 8])], [vi("y", F, [1, 4, 8, 8])], [w])
     graph = korch.fission(onnx_model(graph, 18)).graph
+    if cheaper:
+        graph, notes = cheaper_mish(graph)
+        assert len(notes) == 1 and not any(n.prim is Prim.TANH for n in graph.nodes)
     spec = kernel_spec(graph, make_candidate(graph, range(len(graph.nodes))))
     weights = {n: graph.constants[v] for n, v in zip(spec.graph.inputs, spec.inputs) if v in graph.constants}
 
