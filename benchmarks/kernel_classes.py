@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import time
 from collections import Counter
@@ -174,13 +175,19 @@ def run_model(name: str, args) -> dict:
     return doc
 
 
+def short(op: str, most: int = 48) -> str:
+    """An operator's name for the table: Inductor's graph prefix dropped, long names cut."""
+    op = re.sub(r"^graph_\d+_", "", op)
+    return op if len(op) <= most else op[: most - 3] + "..."
+
+
 def markdown(doc: dict) -> str:
     """One row per model and backend: the plain median, then ms per profiled call by class."""
     head = ["model", "backend", "median ms", *(f"{c} ms" for c in CLASSES), "costliest generated"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for e in doc["runs"].values():
         for b, r in e["backends"].items():
-            top = ", ".join(f"{op} {v:.2f}" for op, v in r["top"].get("generated", {}).items())
+            top = ", ".join(f"{short(op)} {v:.2f}" for op, v in r["top"].get("generated", {}).items())
             cells = [e["model"], b, f"{r['median_ms']:.2f}", *(f"{r['per_call_ms'][c]:.2f}" for c in CLASSES)]
             lines.append("| " + " | ".join([*cells, top]) + " |")
     return "\n".join(lines) + "\n"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ablation import markdown as ablation_table
 from boundaries import markdown as boundaries_table
+from kernel_classes import markdown as classes_table
 from search_bench import markdown as search_table
 from zoo_report import SOURCE_MODEL_NOTE, speedup, table, targets
 
@@ -100,11 +101,12 @@ def ablation(index: dict, results: Path, section: str) -> list[str]:
     return lines[:-1]
 
 
-def boundaries(index: dict, results: Path) -> list[str]:
-    (run,) = current(index, "boundaries")
+def one_run(index: dict, results: Path, section: str, table) -> list[str]:
+    """The section's one current run (a file with its machine): dated, reproduced, its table."""
+    (run,) = current(index, section)
     doc = json.loads((results / run["files"][0]).read_text())
     lines = [f"{run['date']}, commit {commit(run)}, {files(run)}; {machine(doc['machine'])}.", ""]
-    return [*lines, *reproduce(index, "boundaries"), boundaries_table(doc).rstrip("\n")]
+    return [*lines, *reproduce(index, section), table(doc).rstrip("\n")]
 
 
 def search(index: dict, results: Path) -> list[str]:
@@ -155,7 +157,8 @@ BLOCKS = {
     "gpu-zoo": lambda index, results: zoo(index, results, "gpu-zoo"),
     "cpu-ablation": lambda index, results: ablation(index, results, "cpu-ablation"),
     "search": search,
-    "boundaries": boundaries,
+    "boundaries": lambda index, results: one_run(index, results, "boundaries", boundaries_table),
+    "kernel-classes": lambda index, results: one_run(index, results, "kernel-classes", classes_table),
     "decoders": decoders,
     "suites": suites,
     "history": history,
