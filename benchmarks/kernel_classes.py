@@ -66,16 +66,14 @@ def ov_class(node_type: str) -> str:
     return "layout" if node_type == "Reorder" else "generated"
 
 
-CLASSIFY = {"inductor-frozen": torch_class, "openvino": ov_class}
-
-
 def split(by_op: Counter, classify, calls: int, wall_ms: float) -> tuple[Counter, Counter]:
     """Per-call milliseconds by class (the unrecorded remainder of the wall time as "rest"), and by
-    operator."""
+    (class, operator)."""
     ms, ops = Counter(), Counter()
     for op, total in by_op.items():
-        ms[classify(op)] += total / calls
-        ops[op] += total / calls
+        c = classify(op)
+        ms[c] += total / calls
+        ops[c, op] += total / calls
     ms["rest"] += max(0.0, wall_ms - sum(ms.values()))
     return ms, ops
 
@@ -148,10 +146,9 @@ def profiled(blocks: dict, rounds: int, calls: int) -> dict[str, dict]:
             seen[b][1].append(ops)
     out = {}
     for b, (by_class, by_op) in seen.items():
-        med = {op: statistics.median(o[op] for o in by_op) for op in set().union(*by_op)}
         top = {c: Counter() for c in CLASSES}
-        for op, v in med.items():
-            top[CLASSIFY[b](op)][op] = v
+        for c, op in set().union(*by_op):
+            top[c][op] = statistics.median(o[c, op] for o in by_op)
         out[b] = {
             "per_call_ms": {c: round(statistics.median(m[c] for m in by_class), 4) for c in CLASSES},
             "top": {c: {op: round(v, 4) for op, v in t.most_common(3)} for c, t in top.items() if t},
