@@ -57,6 +57,11 @@ def machine(m: dict) -> str:
     )
 
 
+def dated(run: dict, machine_text: str) -> str:
+    """The line above a run's table: when, at which commit, which files, on what."""
+    return f"{run['date']}, commit {commit(run)}, {files(run)}; {machine_text}."
+
+
 def reproduce(index: dict, section: str) -> list[str]:
     return ["Reproduce:", "", "```", index["sections"][section]["command"], "```", ""]
 
@@ -96,7 +101,7 @@ def ablation(index: dict, results: Path, section: str) -> list[str]:
     lines = []
     for run in current(index, section):
         doc = json.loads((results / run["files"][0]).read_text())
-        lines += [f"{run['date']}, commit {commit(run)}, {files(run)}; {machine(doc['machine'])}.", ""]
+        lines += [dated(run, machine(doc["machine"])), ""]
         lines += [*reproduce(index, section), ablation_table(doc).rstrip("\n"), ""]
     return lines[:-1]
 
@@ -105,14 +110,14 @@ def one_run(index: dict, results: Path, section: str, table) -> list[str]:
     """The section's one current run (a file with its machine): dated, reproduced, its table."""
     (run,) = current(index, section)
     doc = json.loads((results / run["files"][0]).read_text())
-    lines = [f"{run['date']}, commit {commit(run)}, {files(run)}; {machine(doc['machine'])}.", ""]
+    lines = [dated(run, machine(doc["machine"])), ""]
     return [*lines, *reproduce(index, section), table(doc).rstrip("\n")]
 
 
 def search(index: dict, results: Path) -> list[str]:
     (run,) = current(index, "search")
     doc = json.loads((results / run["files"][0]).read_text())
-    lines = [f"{run['date']}, commit {commit(run)}, {files(run)}; {doc['machine']}."]
+    lines = [dated(run, doc["machine"])]
     if doc.get("code"):
         lines.append(f"The run's code: {doc['code']}.")
     return [*lines, "", *reproduce(index, "search"), search_table(doc).rstrip("\n")]
