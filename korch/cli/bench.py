@@ -15,6 +15,10 @@ from korch.errors import KorchError, error_line
 from korch.plan.plan import Plan
 from korch.plan.runtime import interleave
 
+NO_MODULE = (
+    "torch peers need the PyTorch module: models built by `korch zoo` carry it; for other models "
+    "pass module= to korch.cli.bench.bench"
+)
 TORCH_MODES = {  # peer name -> (torch.compile mode, freezing); mode None: eager PyTorch
     "eager": (None, False),
     "torch-compile": ("default", False),
@@ -175,11 +179,6 @@ def _systems(plan: Plan, peers, module, feeds, variants) -> tuple[dict[str, Call
             facts[name]["cuda_graph"] = exe.captured
     ordered = []  # the torch peers' inputs, on the plan's device
     if any(p in TORCH_MODES for p in peers):
-        if module is None:
-            raise KorchError(
-                "torch peers need the PyTorch module: models built by `korch zoo` carry it; for other "
-                "models pass module= to korch.cli.bench.bench"
-            )
         tensors = plan.executable().feeds((), feeds)
         ordered = [tensors[n] for n, _ in plan.inputs]
     for peer in peers:
@@ -233,13 +232,18 @@ def bench(
     each system's largest relative error against ONNX Runtime on the source model (korch's
     outputs where that cannot run); kernel launches per call where known; and korch's speedup over
     the fastest peer. `module`: the PyTorch source, for torch peers (found automatically for zoo
-    models). Rounds are `round_pause_s` apart, so the bench spans longer than a short burst in
-    which a shared machine's neighbour takes a core; each system's median per round is reported
-    too, for slow episodes longer than that (BENCHMARKS.md's method: systems do not slow alike)."""
+    models; without it they are skipped, as the report's "skipped_peers" says). Rounds are
+    `round_pause_s` apart, so the bench spans longer than a short burst in which a shared
+    machine's neighbour takes a core; each system's median per round is reported too, for slow
+    episodes longer than that (BENCHMARKS.md's method: systems do not slow alike)."""
     check_peers(peers)
     variants = variants or {}
     if module is None and any(p in TORCH_MODES for p in peers):
         module = zoo_module(plan)
+    skipped = [p for p in peers if p in TORCH_MODES] if module is None else []
+    peers = [p for p in peers if p not in skipped]
+    if skipped and not peers:
+        raise KorchError(f"{', '.join(skipped)}: {NO_MODULE}, and no other peer is named")
     feeds = plan.random_inputs(seed)
     systems, facts = _systems(plan, peers, module, feeds, variants)
     want, against = _oracle(plan, feeds, systems)
@@ -272,4 +276,6 @@ def bench(
     }
     if variants:
         report["ablation"] = ablation
+    if skipped:
+        report["skipped_peers"] = {p: NO_MODULE for p in skipped}
     return report

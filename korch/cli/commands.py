@@ -378,6 +378,8 @@ def cmd_bench(args) -> int:
         if args.ablation:
             variants = ablation_plans(target, options, shapes, values, say=lambda m: _log(args, m))
     report = bench(plan, peers, rounds=args.rounds, variants=variants)
+    for peer, why in report.get("skipped_peers", {}).items():  # (on stderr: the JSON is the contract's)
+        _log(args, f"note: {peer} skipped: {why}")
     _emit(args, report, _bench_table(report, plan))
     return 0
 
