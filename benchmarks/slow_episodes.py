@@ -5,6 +5,11 @@ over 1.5x its fastest round (a slow episode of the machine), and each system's m
 outside those rounds. Shows how long the episodes last and whether the systems slow alike in them
 (their ratio, not only their times, then depends on when they ran).
 
+Before the first round and after each, how long a cache line takes to go from the process's
+first CPU to its second and back (korch.measure.placement.far_rounds): a round with both over FAR
+times the least seen is "far" (the two CPUs on cores that share no cache), with neither "near". Each
+system's median in far and in near rounds is printed too.
+
     python benchmarks/slow_episodes.py PLAN_DIR [--seconds S] [--block-s S]
 """
 
@@ -12,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import statistics
 import time
 
 import onnxruntime as ort
 import torch
 
+from korch.config import FAR, NEAR_NS
+from korch.measure import placement
 from korch.plan.plan import Plan
 from korch.plan.runtime import interleave
 
@@ -48,28 +56,49 @@ def main() -> None:
     }
     for call in systems.values():
         call()
-    rounds, start = [], time.perf_counter()
+    placed = placement.round_trip_ns() is not None
+    rounds, trips, start = [], [placement.round_trip_ns()], time.perf_counter()
     while time.perf_counter() - start < args.seconds:
         samples = interleave(systems, 1, args.block_s, "cpu")
         rounds.append((time.perf_counter() - start, {n: statistics.median(s[0]) for n, s in samples.items()}))
+        trips.append(placement.round_trip_ns())
     canary = f"ort-{threads}"
     fastest = min(r[canary] for _, r in rounds)
     slow = [r[canary] > SLOW * fastest for _, r in rounds]
     names = list(systems)
     print(f"{args.plan}: {len(plan.kernels)} kernels; ONNX Runtime {ort.__version__}; {threads} threads")
-    print("   t s " + "".join(f"{n:>12}" for n in names) + "   korch/ort")
-    for (t, r), s in zip(rounds, slow):
+    print("   t s " + "".join(f"{n:>12}" for n in names) + "   korch/ort   trip ns (before, after)")
+    for (t, r), s, a, b in zip(rounds, slow, trips, trips[1:]):
         cells = "".join(f"{r[n]:12.2f}" for n in names)
-        print(f"{t:6.1f} {cells}{r['korch'] / r[canary]:10.2f}" + " *" * s)
+        trip_cell = f"{a:10.0f} {b:5.0f}" if placed else ""
+        print(f"{t:6.1f} {cells}{r['korch'] / r[canary]:10.2f}{trip_cell}" + " *" * s)
     print(f"rounds with {canary} over {SLOW}x its fastest round (*): {sum(slow)} of {len(rounds)}")
     runs = [len(list(g)) for k, g in itertools.groupby(slow) if k]
     print(f"slow stretches, in rounds: {runs}")
+    split(names, rounds, slow, "in those rounds")
+    if placed:
+        far = placement.far_rounds(trips)
+        pooled = {
+            f: [x for r, g in enumerate(far) if g is f for x in trips[r : r + 2]] for f in (True, False)
+        }
+        ns = {f: statistics.median(x or [math.nan]) for f, x in pooled.items()}
+        print(
+            f"far rounds (round trip over {FAR}x {min(*trips, NEAR_NS):.0f} ns, before and after): "
+            f"{far.count(True)} of {len(rounds)}, near {far.count(False)}; "
+            f"round trip {ns[False]:.0f} ns near, {ns[True]:.0f} far; "
+            f"rounds both slow and far: {sum(bool(s and f) for s, f in zip(slow, far))}"
+        )
+        split(names, rounds, far, "in far rounds")
+
+
+def split(names: list[str], rounds, marked: list[bool | None], where: str) -> None:
+    """Each system's median in the marked rounds and in the rest (a round marked None in neither)."""
     for n in names:
-        inside = [r[n] for (_, r), s in zip(rounds, slow) if s]
-        outside = [r[n] for (_, r), s in zip(rounds, slow) if not s]
+        inside = [r[n] for (_, r), s in zip(rounds, marked) if s is True]
+        outside = [r[n] for (_, r), s in zip(rounds, marked) if s is False]
         if inside and outside:
             a, b = statistics.median(inside), statistics.median(outside)
-            print(f"{n}: median {a:.2f} ms in those rounds, {b:.2f} in the rest ({a / b:.2f}x)")
+            print(f"{n}: median {a:.2f} ms {where}, {b:.2f} in the rest ({a / b:.2f}x)")
 
 
 if __name__ == "__main__":

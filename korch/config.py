@@ -53,6 +53,11 @@ STARTUP_S = 120.0  # a worker not ready after this long is stuck: a slow import 
 STARTUP_FAILURES = 3  # workers lost while starting, none ever ready, before profiling gives up
 LOCK_WAIT_S = 5.0  # wait for another program's lock on the database, then stop with one line
 ENVIRONMENTAL_CAP = 3  # machine failures (worker died, timeout, out of memory) retried before kept as final
+# a cache line's round trip between the process's CPUs over this factor of the least in a run (taken as
+# at most NEAR_NS, so that a run far throughout is seen as far): CPUs that share no cache
+# (korch.measure.placement; BENCHMARKS.md, design constants)
+FAR = 2.0
+NEAR_NS = 100.0
 
 # orchestration
 MAX_CUTS = 500  # cuts against cyclic kernel orders before selection gives up: a refusal against a long solve

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from korch.errors import KorchError, error_line
+from korch.measure import placement
 from korch.plan.plan import Plan
 from korch.plan.runtime import interleave
 
@@ -251,17 +252,14 @@ def bench(
         facts[name]["max_rel_err"] = _agreement(want, fn())
         for _ in range(warmup):
             fn()
-    by_round = interleave(systems, rounds, block_s, plan.device, round_pause_s=round_pause_s)
-    results = {}
-    for name, rs in by_round.items():
-        s = [ms for r in rs for ms in r]
-        results[name] = {
-            "median_ms": statistics.median(s),
-            "min_ms": min(s),
-            "max_ms": max(s),
-            "round_medians_ms": [round(statistics.median(r), 6) for r in rs],
-            **facts[name],
-        }
+    # on a CPU, where the process's two CPUs sat before the first round and after each (near or far)
+    trips: list[float] = []
+    placed = plan.device == "cpu" and placement.round_trip_ns() is not None  # (built here, not in a round)
+    between = (lambda: trips.append(placement.round_trip_ns())) if placed else None
+    by_round = interleave(systems, rounds, block_s, plan.device, round_pause_s=round_pause_s, between=between)
+    placed = placed and None not in trips  # (a round trip that failed: the placement is not known)
+    far = placement.far_rounds(trips) if placed else None
+    results = {name: {**_summary(rs, far), **facts[name]} for name, rs in by_round.items()}
     ablation = {name: results.pop(name) for name in variants}
     peer_best = min((results[p]["median_ms"] for p in peers), default=None)
     speedup = peer_best / results["korch"]["median_ms"] if peer_best else None
@@ -278,4 +276,22 @@ def bench(
         report["ablation"] = ablation
     if skipped:
         report["skipped_peers"] = {p: NO_MODULE for p in skipped}
+    if placed:
+        report.update(round_trips_ns=[round(ns, 1) for ns in trips], far_rounds=far)
     return report
+
+
+def _summary(rounds: list[list[float]], far: list[bool | None] | None) -> dict:
+    """A system's median, min and max ms over every call, its median per round, and (where the
+    rounds' placement is known) its median over the calls of the near rounds (None without one)."""
+    calls = [ms for r in rounds for ms in r]
+    summary = {
+        "median_ms": statistics.median(calls),
+        "min_ms": min(calls),
+        "max_ms": max(calls),
+        "round_medians_ms": [round(statistics.median(r), 6) for r in rounds],
+    }
+    if far is not None:
+        near = [ms for r, f in zip(rounds, far) if f is False for ms in r]
+        summary["near_median_ms"] = statistics.median(near) if near else None
+    return summary

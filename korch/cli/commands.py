@@ -402,7 +402,22 @@ def _bench_table(report: dict, plan) -> str:
             f"korch speedup vs best peer: {report['speedup_vs_best_peer']:.2f}x "
             f"(predicted {plan.predicted_ms:.3f} ms)"
         )
+    far = report.get("far_rounds")
+    if far is not None and True in far:  # (korch.measure.placement: a slow episode of the machine)
+        trips = report["round_trips_ns"]
+        lines.append(
+            f"{far.count(True)} of {len(far)} rounds ran with the process's CPUs far apart (a cache line's "
+            f"round trip {max(trips):.0f} against {min(trips):.0f} ns); "
+            f"near rounds only: {_near_medians(rows)}"
+        )
     return "\n".join(lines)
+
+
+def _near_medians(rows: dict) -> str:
+    """Each system's median over the near rounds' calls, or "none" where no round was near."""
+    if any(r.get("near_median_ms") is None for r in rows.values()):
+        return "none"
+    return ", ".join(f"{name} {r['near_median_ms']:.3f} ms" for name, r in rows.items())
 
 
 def _device_key(device: str) -> str:

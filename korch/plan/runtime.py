@@ -351,12 +351,21 @@ def _check_indices(name: str, values: torch.Tensor | np.ndarray, limit: int) -> 
 
 
 def interleave(
-    systems: dict[str, Callable], rounds: int, block_s: float, device: str, pause_s=0.02, round_pause_s=0.0
+    systems: dict[str, Callable],
+    rounds: int,
+    block_s: float,
+    device: str,
+    pause_s=0.02,
+    round_pause_s=0.0,
+    between: Callable[[], None] | None = None,
 ):
     """Milliseconds of each call of each system, timed side by side (name -> one list per round):
-    `rounds` rounds, in each a block of at least block_s seconds (and 3 timed calls) per system."""
+    `rounds` rounds, in each a block of at least block_s seconds (and 3 timed calls) per system;
+    `between` called before the first round and after each."""
     samples: dict[str, list[list[float]]] = {name: [[] for _ in range(rounds)] for name in systems}
     order = list(systems.items())
+    if between is not None:
+        between()
     for r in range(rounds):
         if r:
             time.sleep(round_pause_s)
@@ -371,6 +380,8 @@ def interleave(
             busy.settle()
             timed = repeat(functools.partial(elapsed_ms, fn, device), block_s, at_least=WAKE_CALLS + 3)
             samples[name][r] = timed[WAKE_CALLS:]
+        if between is not None:
+            between()
     return samples
 
 

@@ -190,3 +190,18 @@ def test_ablation_times_korchs_variants_beside_the_plan(tmp_path, capsys):
 def test_selection_must_be_known():
     with pytest.raises(KorchError, match="selection must be one of optimal, greedy, whole-graph"):
         OptimizeOptions(selection="best")
+
+
+def test_bench_gives_each_systems_median_over_the_near_rounds(module_and_plan, monkeypatch):
+    """The CPUs' round trips scripted (korch.measure.placement): near before and after round 0,
+    moved during round 1, far around round 2; the near median is then round 0's alone."""
+    from korch.measure import placement
+
+    _, plan, _ = module_and_plan
+    trips = iter([50.0, 50.0, 55.0, 400.0, 410.0])  # (the first builds it; then before round 0, after each)
+    monkeypatch.setattr(placement, "round_trip_ns", lambda *a, **k: next(trips))
+    report = bench(plan, ("onnxruntime",), rounds=3, round_pause_s=0.0)
+    assert report["round_trips_ns"] == [50.0, 55.0, 400.0, 410.0]
+    assert report["far_rounds"] == [False, None, True]
+    for name, r in report["results"].items():
+        assert r["near_median_ms"] == pytest.approx(r["round_medians_ms"][0], rel=1e-5, abs=1e-6), name

@@ -1,0 +1,102 @@
+"""Where the process's CPUs sit: how long a cache line takes to go from one to the other and back.
+
+On a virtual machine the hypervisor may place two vCPUs on cores that share a cache, or on cores
+that share none, and move them between the two while a process runs. Code whose threads hand data
+to each other (an OpenMP kernel's barriers, ONNX Runtime's thread pool) then runs much slower,
+while code on one thread does not change (BENCHMARKS.md, Method: slow episodes). round_trip_ns
+measures the placement directly: two threads pinned to the process's first two CPUs pass one
+atomic flag back and forth (C, built once per process with the system's C compiler, which
+Inductor needs on a CPU too). Linux only: None elsewhere, with fewer than two CPUs, or without a
+compiler. far_rounds reads a run's round trips as far, near or moved."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from korch.config import FAR, NEAR_NS
+
+_SOURCE = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+static _Atomic int flag __attribute__((aligned(64)));
+static int count, cpus[2];
+static void pin(int cpu) {
+    cpu_set_t set; CPU_ZERO(&set); CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+static void *answer(void *unused) {
+    pin(cpus[1]);
+    for (int i = 0; i < count; i++) {
+        while (atomic_load_explicit(&flag, memory_order_acquire) != 1) {}
+        atomic_store_explicit(&flag, 0, memory_order_release);
+    }
+    return 0;
+}
+/* nanoseconds per round trip of `flag` between a thread on CPU a and one on CPU b, n times */
+double round_trip_ns(int a, int b, int n) {
+    cpu_set_t saved; pthread_getaffinity_np(pthread_self(), sizeof saved, &saved);
+    count = n; cpus[0] = a; cpus[1] = b; atomic_store(&flag, 0);
+    pthread_t other;
+    if (pthread_create(&other, 0, answer, 0)) return -1;
+    pin(a);
+    struct timespec t0, t1; clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < n; i++) {
+        atomic_store_explicit(&flag, 1, memory_order_release);
+        while (atomic_load_explicit(&flag, memory_order_acquire) != 0) {}
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pthread_join(other, 0);
+    pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
+    return ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / n;
+}
+"""
+
+
+@functools.cache
+def _library():
+    """The compiled round trip and the two CPUs it runs on, or None (see the module's docstring)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2:
+        return None
+    build = Path(tempfile.mkdtemp(prefix="korch-placement-"))
+    source, library = build / "round_trip.c", build / "round_trip.so"
+    source.write_text(_SOURCE)
+    try:
+        command = ["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source), "-lpthread"]
+        subprocess.run(command, check=True, capture_output=True, timeout=60)
+        lib = ctypes.CDLL(str(library))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lib.round_trip_ns.restype = ctypes.c_double
+    lib.round_trip_ns.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int)
+    return lib, cpus[0], cpus[1]
+
+
+def round_trip_ns(passes: int = 5000, repeats: int = 5) -> float | None:
+    """Nanoseconds a cache line takes from the process's first CPU to its second and back: the
+    median of `repeats` runs of `passes` round trips (about 0.3 ms when the CPUs share a cache,
+    a few ms when they share none). None where it cannot be measured."""
+    found = _library()
+    if found is None:
+        return None
+    lib, a, b = found
+    runs = [lib.round_trip_ns(a, b, passes) for _ in range(repeats)]
+    return statistics.median(runs) if min(runs) > 0 else None
+
+
+def far_rounds(trips: list[float]) -> list[bool | None]:
+    """Round r ran between trips[r] and trips[r + 1]: True (far) where both are over FAR times the
+    least of them all (or of NEAR_NS, where every one is over it: a run whose CPUs were apart
+    throughout), False (near) where neither is, None where the CPUs moved during the round."""
+    least = min(*trips, NEAR_NS)
+    far = [ns > FAR * least for ns in trips]
+    return [a if a == b else None for a, b in zip(far, far[1:])]
