@@ -3,7 +3,7 @@
 the bench's median). Each plan is benched in a process of its own, against ONNX Runtime on its
 source model as `korch bench` does by default. The bench's median over its near rounds (the
 process's CPUs on cores that share a cache, korch.measure.placement) is set beside it where the
-bench had one.
+bench had one, and against it the runoff's median over its own near rounds, where it recorded them.
 
     python benchmarks/plan_vs_bench.py PLAN_DIR [...] --out FILE [--rounds 8] [--allow-version-mismatch]
 """
@@ -32,6 +32,7 @@ def optimized(plan_dir: Path) -> dict:
         "in_place_min_ms": measured.get("min_ms"),
         "runoff_median_ms": runoff["medians_ms"][winner] if runoff else None,
         "runoff_fastest_ms": runoff["fastest_ms"][winner] if "fastest_ms" in runoff else None,
+        "runoff_near_median_ms": runoff["near_medians_ms"][winner] if "near_medians_ms" in runoff else None,
     }
 
 
@@ -68,9 +69,12 @@ def main() -> None:
         for name, median in (("in_place", row["in_place_ms"]), ("runoff", row["runoff_median_ms"])):
             row[f"{name}_over_bench"] = round(median / korch["median_ms"], 4) if median else None
             row[f"{name}_over_bench_near"] = round(median / near, 4) if median and near else None
+        runoff_near = row["runoff_near_median_ms"]
+        row["runoff_near_over_bench_near"] = round(runoff_near / near, 4) if runoff_near and near else None
         doc["plans"][plan_dir.name] = row
         save(out, doc)
-        runoff_near = row["runoff_over_bench_near"]
+        near_ratio = row["runoff_over_bench_near"]
+        both = row["runoff_near_over_bench_near"]
         print(
             f"{plan_dir.name}: optimize in place {row['in_place_ms']:.2f} ms"
             + (f", runoff {row['runoff_median_ms']:.2f}" if row["runoff_median_ms"] else "")
@@ -78,7 +82,8 @@ def main() -> None:
             f"{row['in_place_over_bench']:.3f}"
             + (f", runoff / bench {row['runoff_over_bench']:.3f}" if row["runoff_over_bench"] else "")
             + (f"; near rounds {near:.2f} ms" if near else "; no near round")
-            + (f", runoff / near {runoff_near:.3f}" if runoff_near else ""),
+            + (f", runoff / near {near_ratio:.3f}" if near_ratio else "")
+            + (f", runoff's near rounds / near {both:.3f}" if both else ""),
             flush=True,
         )
 

@@ -97,6 +97,11 @@ def far_rounds(trips: list[float]) -> list[bool | None]:
     """Round r ran between trips[r] and trips[r + 1]: True (far) where both are over FAR times the
     least of them all (or of NEAR_NS, where every one is over it: a run whose CPUs were apart
     throughout), False (near) where neither is, None where the CPUs moved during the round."""
-    least = min(*trips, NEAR_NS)
-    far = [ns > FAR * least for ns in trips]
-    return [a if a == b else None for a, b in zip(far, far[1:])]
+    return placements(list(zip(trips, trips[1:])))
+
+
+def placements(pairs: list[tuple[float, float]]) -> list[bool | None]:
+    """far_rounds for rounds given by their (before, after) round trips."""
+    least = min([NEAR_NS, *(ns for pair in pairs for ns in pair)])
+    far = [(before > FAR * least, after > FAR * least) for before, after in pairs]
+    return [a if a == b else None for a, b in far]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from korch.config import IN_PLACE_FLOOR, RUNOFF, RUNOFF_ROUNDS, WHOLE_GRAPH_REACH
 from korch.errors import KorchError, first_line
 from korch.ir.graph import Graph
+from korch.measure import placement
 from korch.measure.timing import calm_side_by_side, consistently_faster, rounds_faster, second_look
 from korch.orchestrate.solver import Choice, Solution
 from korch.plan.plan import Plan, is_source_model
@@ -193,16 +194,26 @@ def _run_off(close: list, settings: Settings) -> dict:
     """The runoff itself: {"min_ms", "medians_ms", "fastest_ms", "round_medians_ms",
     "rounds_decided_by", "winner"} (and how often the winner was faster than the source model in a
     round, when that is among them). It decides by the calm rounds (korch.measure.timing.calm_side_by_side),
-    each plan's in-place minimum among the references that tell a slow round."""
+    each plan's in-place minimum among the references that tell a slow round. On a CPU it also
+    records each round's placement of the process's CPUs, not decided by: "round_trips_ns" (before
+    and after each round) and each plan's "near_medians_ms" (korch.measure.placement)."""
     calls = {}
     for i, (plan, _) in enumerate(close):
         calls[i] = plan.executable().caller(plan.random_inputs())
     pause = settings.spread_s / RUNOFF_ROUNDS
+    # on a CPU, the round trips between the process's CPUs before and after each round (measure.placement)
+    placed = close[0][0].device == "cpu" and placement.round_trip_ns() is not None
+    pairs: list[tuple[float, float]] = []
 
     def run(k: int) -> list[list[list[float]]]:
         time.sleep(pause)
+        trips: list[float | None] = []
+        between = (lambda: trips.append(placement.round_trip_ns())) if placed else None
         # blocks of at least block_s each (and 4 calls): a sub-millisecond plan gets tens of samples
-        by_plan = interleave(calls, k, settings.block_s, close[0][0].device, round_pause_s=pause)
+        by_plan = interleave(
+            calls, k, settings.block_s, close[0][0].device, round_pause_s=pause, between=between
+        )
+        pairs.extend(zip(trips, trips[1:]))
         return [by_plan[i] for i in range(len(close))]
 
     in_place = [p.meta.measured["min_ms"] for p, _ in close]
@@ -218,6 +229,11 @@ def _run_off(close: list, settings: Settings) -> dict:
         "round_medians_ms": [[round(statistics.median(r), 6) for r in every[i]] for i in range(len(close))],
         "rounds_decided_by": used,
     }
+    if placed and len(pairs) == len(every[0]) and all(None not in pair for pair in pairs):  # (not decided by)
+        far = placement.placements(pairs)
+        near = [[ms for r, f in zip(every[i], far) if f is False for ms in r] for i in range(len(close))]
+        report["round_trips_ns"] = [[round(ns, 1) for ns in pair] for pair in pairs]
+        report["near_medians_ms"] = [round(statistics.median(ms), 6) if ms else None for ms in near]
     source = next((i for i, (plan, _) in enumerate(close) if is_source_model(plan)), None)
     if source is not None and winner != source:
         if second_look(*rounds_faster(rounds[winner], rounds[source])):

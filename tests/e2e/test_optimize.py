@@ -597,6 +597,45 @@ def test_the_runoff_keeps_the_source_model_unless_another_plan_is_consistently_f
     assert winner is (source if kept else other)
 
 
+def test_the_runoff_records_where_the_cpus_sat_and_each_plans_median_over_near_rounds(
+    model_path, tmp_path, monkeypatch
+):
+    """The CPUs' round trips scripted (korch.measure.placement), every round calm: near around the
+    first four rounds, far around the last four. The runoff decides as before and records the round
+    trips and each plan's median over the near rounds."""
+    import korch.plan.refine as refine
+    from korch.config import RUNOFF_ROUNDS
+    from korch.measure import placement
+    from korch.orchestrate.solver import Choice, Solution
+    from korch.plan.plan import build_plan
+    from korch.search.candidates import make_candidate
+
+    first = optimize(model_path, options=OptimizeOptions(cache=tmp_path / "p.sqlite", **FAST))
+    graph = first.graph
+    plans = [
+        build_plan(graph, Solution([Choice(make_candidate(graph, range(len(graph.nodes))), b, 1.0)]), "cpu")
+        for b in ("onnxruntime", "onnxruntime")
+    ]
+    for plan in plans:
+        plan.meta.measured = {"min_ms": 1.0}
+    half = RUNOFF_ROUNDS // 2
+    trips = iter([60.0] + [60.0] * (half + 1) + [400.0] * half)  # (the first: built, before the runoff)
+    monkeypatch.setattr(placement, "round_trip_ns", lambda *a, **k: next(trips))
+    timed = {0: [[1.0]] * half + [[1.2]] * half, 1: [[1.1]] * half + [[1.3]] * half}
+
+    def interleave(calls, k, *args, between=None, **kwargs):
+        assert k == RUNOFF_ROUNDS and between is not None
+        for _ in range(k + 1):
+            between()
+        return {i: timed[i] for i in calls}
+
+    monkeypatch.setattr(refine, "interleave", interleave)
+    report = refine._run_off([(plans[0], None), (plans[1], None)], refine.Settings())
+    assert report["round_trips_ns"] == [[60.0, 60.0]] * half + [[60.0, 400.0]] + [[400.0, 400.0]] * (half - 1)
+    assert report["near_medians_ms"] == [1.0, 1.1]  # (the near rounds only; the far ones are slower)
+    assert report["winner"] == 0 and report["medians_ms"] == [1.1, 1.2]  # (decided as before: every round)
+
+
 def test_two_looks_keep_the_chance_that_a_plan_no_faster_replaces_the_source_model_small():
     """The runoff's two looks (korch.measure.timing.second_look) against the binomial distribution:
     with a challenger that is no faster (each round a coin toss), the chance that it passes the
