@@ -28,35 +28,43 @@ _SOURCE = r"""
 #include <stdatomic.h>
 #include <time.h>
 static _Atomic int flag __attribute__((aligned(64)));
-static int count, cpus[2];
+static _Atomic int stop __attribute__((aligned(64)));
+static int cpus[2];
 static void pin(int cpu) {
     cpu_set_t set; CPU_ZERO(&set); CPU_SET(cpu, &set);
     pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
+static double now_ns(void) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
 static void *answer(void *unused) {
     pin(cpus[1]);
-    for (int i = 0; i < count; i++) {
-        while (atomic_load_explicit(&flag, memory_order_acquire) != 1) {}
-        atomic_store_explicit(&flag, 0, memory_order_release);
+    while (!atomic_load_explicit(&stop, memory_order_acquire)) {
+        if (atomic_load_explicit(&flag, memory_order_acquire) == 1)
+            atomic_store_explicit(&flag, 0, memory_order_release);
     }
     return 0;
 }
-/* nanoseconds per round trip of `flag` between a thread on CPU a and one on CPU b, n times */
-double round_trip_ns(int a, int b, int n) {
+/* nanoseconds per round trip of `flag` between a thread on CPU a and one on CPU b: n round trips,
+   or as many as fit in most_ns (a core taken by another process makes each one wait for it) */
+double round_trip_ns(int a, int b, int n, double most_ns) {
     cpu_set_t saved; pthread_getaffinity_np(pthread_self(), sizeof saved, &saved);
-    count = n; cpus[0] = a; cpus[1] = b; atomic_store(&flag, 0);
+    cpus[0] = a; cpus[1] = b; atomic_store(&flag, 0); atomic_store(&stop, 0);
     pthread_t other;
     if (pthread_create(&other, 0, answer, 0)) return -1;
     pin(a);
-    struct timespec t0, t1; clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < n; i++) {
+    double start = now_ns(), end = start;
+    int done = 0;
+    while (done < n && end - start < most_ns) {
         atomic_store_explicit(&flag, 1, memory_order_release);
         while (atomic_load_explicit(&flag, memory_order_acquire) != 0) {}
+        if (++done % 64 == 0 || done == n) end = now_ns();  /* (the clock costs as much as a pass) */
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    atomic_store_explicit(&stop, 1, memory_order_release);
     pthread_join(other, 0);
     pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
-    return ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / n;
+    return (end - start) / done;
 }
 """
 
@@ -77,19 +85,20 @@ def _library():
     except (OSError, subprocess.SubprocessError):
         return None
     lib.round_trip_ns.restype = ctypes.c_double
-    lib.round_trip_ns.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int)
+    lib.round_trip_ns.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double)
     return lib, cpus[0], cpus[1]
 
 
-def round_trip_ns(passes: int = 5000, repeats: int = 5) -> float | None:
+def round_trip_ns(passes: int = 5000, repeats: int = 5, most_ms: float = 5.0) -> float | None:
     """Nanoseconds a cache line takes from the process's first CPU to its second and back: the
-    median of `repeats` runs of `passes` round trips (about 0.3 ms when the CPUs share a cache,
-    a few ms when they share none). None where it cannot be measured."""
+    median of `repeats` runs of `passes` round trips, or of as many as fit in `most_ms` (about
+    0.4 ms when the CPUs share a cache, 1.6 when they share none; a core that another process
+    holds makes a round trip wait for it, and reads as far). None where it cannot be measured."""
     found = _library()
     if found is None:
         return None
     lib, a, b = found
-    runs = [lib.round_trip_ns(a, b, passes) for _ in range(repeats)]
+    runs = [lib.round_trip_ns(a, b, passes, most_ms * 1e6) for _ in range(repeats)]
     return statistics.median(runs) if min(runs) > 0 else None
 
 
