@@ -56,7 +56,7 @@ def main() -> None:
     }
     for call in systems.values():
         call()
-    placed = placement.round_trip_ns() is not None
+    placed = placement.available()
     rounds, trips, start = [], [placement.round_trip_ns()], time.perf_counter()
     while time.perf_counter() - start < args.seconds:
         samples = interleave(systems, 1, args.block_s, "cpu")

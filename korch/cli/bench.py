@@ -253,11 +253,9 @@ def bench(
         for _ in range(warmup):
             fn()
     # on a CPU, where the process's two CPUs sat before the first round and after each (near or far)
-    trips: list[float] = []
-    placed = plan.device == "cpu" and placement.round_trip_ns() is not None  # (built here, not in a round)
-    between = (lambda: trips.append(placement.round_trip_ns())) if placed else None
+    trips, between = placement.recorder(plan.device)
     by_round = interleave(systems, rounds, block_s, plan.device, round_pause_s=round_pause_s, between=between)
-    placed = placed and None not in trips  # (a round trip that failed: the placement is not known)
+    placed = between is not None and None not in trips  # (a round trip that failed: not known)
     far = placement.far_rounds(trips) if placed else None
     results = {name: {**_summary(rs, far), **facts[name]} for name, rs in by_round.items()}
     ablation = {name: results.pop(name) for name in variants}
@@ -292,6 +290,5 @@ def _summary(rounds: list[list[float]], far: list[bool | None] | None) -> dict:
         "round_medians_ms": [round(statistics.median(r), 6) for r in rounds],
     }
     if far is not None:
-        near = [ms for r, f in zip(rounds, far) if f is False for ms in r]
-        summary["near_median_ms"] = statistics.median(near) if near else None
+        summary["near_median_ms"] = placement.near_median(rounds, far)
     return summary

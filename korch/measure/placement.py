@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from korch.config import FAR, NEAR_NS
@@ -89,17 +90,37 @@ def _library():
     return lib, cpus[0], cpus[1]
 
 
+def available() -> bool:
+    """Whether round trips can be measured here (builds the C once)."""
+    return _library() is not None
+
+
 def round_trip_ns(passes: int = 5000, repeats: int = 5, most_ms: float = 5.0) -> float | None:
     """Nanoseconds a cache line takes from the process's first CPU to its second and back: the
-    median of `repeats` runs of `passes` round trips, or of as many as fit in `most_ms` (about
-    0.4 ms when the CPUs share a cache, 1.6 when they share none; a core that another process
-    holds makes a round trip wait for it, and reads as far). None where it cannot be measured."""
+    median of `repeats` runs of `passes` round trips, or of as many as fit in `most_ms` (a core
+    that another process holds makes a round trip wait for it, and reads as far). None where it
+    cannot be measured."""
     found = _library()
     if found is None:
         return None
     lib, a, b = found
     runs = [lib.round_trip_ns(a, b, passes, most_ms * 1e6) for _ in range(repeats)]
     return statistics.median(runs) if min(runs) > 0 else None
+
+
+def recorder(device: str) -> tuple[list[float | None], Callable[[], None] | None]:
+    """(the round trips taken so far, a function that takes one more): interleave's `between` on a
+    CPU where round trips can be measured, else None (and the list stays empty)."""
+    trips: list[float | None] = []
+    if device != "cpu" or not available():
+        return trips, None
+    return trips, lambda: trips.append(round_trip_ns())
+
+
+def near_median(rounds: list[list[float]], far: list[bool | None]) -> float | None:
+    """The median of the calls of the near rounds (far[r] False), or None without one."""
+    calls = [ms for r, f in zip(rounds, far) if f is False for ms in r]
+    return statistics.median(calls) if calls else None
 
 
 def far_rounds(trips: list[float]) -> list[bool | None]:

@@ -202,13 +202,11 @@ def _run_off(close: list, settings: Settings) -> dict:
         calls[i] = plan.executable().caller(plan.random_inputs())
     pause = settings.spread_s / RUNOFF_ROUNDS
     # on a CPU, the round trips between the process's CPUs before and after each round (measure.placement)
-    placed = close[0][0].device == "cpu" and placement.round_trip_ns() is not None
     pairs: list[tuple[float, float]] = []
 
     def run(k: int) -> list[list[list[float]]]:
         time.sleep(pause)
-        trips: list[float | None] = []
-        between = (lambda: trips.append(placement.round_trip_ns())) if placed else None
+        trips, between = placement.recorder(close[0][0].device)
         # blocks of at least block_s each (and 4 calls): a sub-millisecond plan gets tens of samples
         by_plan = interleave(
             calls, k, settings.block_s, close[0][0].device, round_pause_s=pause, between=between
@@ -229,11 +227,11 @@ def _run_off(close: list, settings: Settings) -> dict:
         "round_medians_ms": [[round(statistics.median(r), 6) for r in every[i]] for i in range(len(close))],
         "rounds_decided_by": used,
     }
-    if placed and len(pairs) == len(every[0]) and all(None not in pair for pair in pairs):  # (not decided by)
+    if pairs and len(pairs) == len(every[0]) and all(None not in pair for pair in pairs):  # (not decided by)
         far = placement.placements(pairs)
-        near = [[ms for r, f in zip(every[i], far) if f is False for ms in r] for i in range(len(close))]
+        near = [placement.near_median(every[i], far) for i in range(len(close))]
         report["round_trips_ns"] = [[round(ns, 1) for ns in pair] for pair in pairs]
-        report["near_medians_ms"] = [round(statistics.median(ms), 6) if ms else None for ms in near]
+        report["near_medians_ms"] = [None if ms is None else round(ms, 6) for ms in near]
     source = next((i for i, (plan, _) in enumerate(close) if is_source_model(plan)), None)
     if source is not None and winner != source:
         if second_look(*rounds_faster(rounds[winner], rounds[source])):

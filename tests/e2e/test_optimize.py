@@ -619,7 +619,8 @@ def test_the_runoff_records_where_the_cpus_sat_and_each_plans_median_over_near_r
     for plan in plans:
         plan.meta.measured = {"min_ms": 1.0}
     half = RUNOFF_ROUNDS // 2
-    trips = iter([60.0] + [60.0] * (half + 1) + [400.0] * half)  # (the first: built, before the runoff)
+    trips = iter([60.0] * (half + 1) + [400.0] * half)  # (before the first round, then after each)
+    monkeypatch.setattr(placement, "available", lambda: True)
     monkeypatch.setattr(placement, "round_trip_ns", lambda *a, **k: next(trips))
     timed = {0: [[1.0]] * half + [[1.2]] * half, 1: [[1.1]] * half + [[1.3]] * half}
 
