@@ -8,7 +8,11 @@ outside those rounds. Shows how long the episodes last and whether the systems s
 Before the first round and after each, how long a cache line takes to go from the process's
 first CPU to its second and back (korch.measure.placement.far_rounds): a round with both over FAR
 times the least seen is "far" (the two CPUs on cores that share no cache), with neither "near". Each
-system's median in far and in near rounds is printed too.
+system's median in far and in near rounds is printed too. And before each round, how long a load
+from memory takes (one thread following a random chain of cache lines through a buffer much larger
+than the caches, `memory_latency`): among the near rounds, each system's median in the rounds of
+the higher and of the lower half of those latencies, and how each system's round medians follow
+the latency (the correlation).
 
     python benchmarks/slow_episodes.py PLAN_DIR [--seconds S] [--block-s S]
 """
@@ -16,11 +20,13 @@ system's median in far and in near rounds is printed too.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import math
 import statistics
 import time
 
+import numpy as np
 import onnxruntime as ort
 import torch
 
@@ -30,6 +36,36 @@ from korch.plan.plan import Plan
 from korch.plan.runtime import interleave
 
 SLOW = 1.5  # a round whose ONNX Runtime median is over this factor of its fastest round
+
+CHASE = r"""
+#include <stdint.h>
+#include <time.h>
+/* nanoseconds per load of `steps` loads, each at the address the one before read: a chain through
+   the buffer that the caller built (ring[i] the index of the next line), so no load can start
+   before the one before it ends and no prefetcher can guess the next */
+double chase_ns(const int64_t *ring, long steps) {
+    struct timespec a, b; int64_t p = 0;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < steps; i++) p = ring[p];
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return p < 0 ? -1 : ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / steps;
+}
+"""
+
+
+def memory_latency(mib: int = 256, steps: int = 100_000):
+    """A function giving the median ns per dependent load of three runs of `steps` loads from a
+    random cycle through `mib` MiB (one cache line per step), or None without a C compiler."""
+    lib = placement.compile_c(CHASE)
+    if lib is None:
+        return None
+    lines = (mib << 20) // 64
+    order = np.random.default_rng(0).permutation(lines)
+    ring = np.zeros(lines * 8, dtype=np.int64)  # one int64 used per 64-byte line
+    ring[order * 8] = np.roll(order, -1) * 8
+    lib.chase_ns.restype = ctypes.c_double
+    lib.chase_ns.argtypes = (ctypes.c_void_p, ctypes.c_long)
+    return lambda: statistics.median(lib.chase_ns(ring.ctypes.data, steps) for _ in range(3))
 
 
 def session(model: bytes, threads: int):
@@ -57,8 +93,12 @@ def main() -> None:
     for call in systems.values():
         call()
     placed = placement.available()
+    latency = memory_latency()
+    loads: list[float] = []
     rounds, trips, start = [], [placement.round_trip_ns()], time.perf_counter()
     while time.perf_counter() - start < args.seconds:
+        if latency is not None:
+            loads.append(latency())
         samples = interleave(systems, 1, args.block_s, "cpu")
         rounds.append((time.perf_counter() - start, {n: statistics.median(s[0]) for n, s in samples.items()}))
         trips.append(placement.round_trip_ns())
@@ -67,11 +107,12 @@ def main() -> None:
     slow = [r[canary] > SLOW * fastest for _, r in rounds]
     names = list(systems)
     print(f"{args.plan}: {len(plan.kernels)} kernels; ONNX Runtime {ort.__version__}; {threads} threads")
-    print("   t s " + "".join(f"{n:>12}" for n in names) + "   korch/ort   trip ns (before, after)")
-    for (t, r), s, a, b in zip(rounds, slow, trips, trips[1:]):
+    print("   t s " + "".join(f"{n:>12}" for n in names) + "   korch/ort   trip ns (before, after)   load ns")
+    for i, ((t, r), s, a, b) in enumerate(zip(rounds, slow, trips, trips[1:])):
         cells = "".join(f"{r[n]:12.2f}" for n in names)
         trip_cell = f"{a:10.0f} {b:5.0f}" if placed else ""
-        print(f"{t:6.1f} {cells}{r['korch'] / r[canary]:10.2f}{trip_cell}" + " *" * s)
+        load_cell = f"{loads[i]:10.0f}" if loads else ""
+        print(f"{t:6.1f} {cells}{r['korch'] / r[canary]:10.2f}{trip_cell}{load_cell}" + " *" * s)
     print(f"rounds with {canary} over {SLOW}x its fastest round (*): {sum(slow)} of {len(rounds)}")
     runs = [len(list(g)) for k, g in itertools.groupby(slow) if k]
     print(f"slow stretches, in rounds: {runs}")
@@ -89,6 +130,26 @@ def main() -> None:
             f"rounds both slow and far: {sum(bool(s and f) for s, f in zip(slow, far))}"
         )
         split(names, rounds, far, "in far rounds")
+        if loads:
+            by_memory(names, rounds, far, loads)
+
+
+def by_memory(names: list[str], rounds, far: list[bool | None], loads: list[float]) -> None:
+    """Among the near rounds, each system's median in those of the higher half of memory latencies
+    against the lower half, and the correlation of its round medians with the latency."""
+    near = [i for i, f in enumerate(far) if f is False]
+    if len(near) < 4:
+        return
+    cut = statistics.median(loads[i] for i in near)
+    high = [None if f is not False else loads[i] > cut for i, f in enumerate(far)]
+    print(
+        f"memory latency before near rounds: median {cut:.0f} ns, "
+        f"{min(loads[i] for i in near):.0f}-{max(loads[i] for i in near):.0f}"
+    )
+    split(names, rounds, high, "in near rounds of the higher latencies")
+    for n in names:
+        r = np.corrcoef([rounds[i][1][n] for i in near], [loads[i] for i in near])[0, 1]
+        print(f"{n}: correlation of its near rounds' medians with memory latency {r:.2f}")
 
 
 def split(names: list[str], rounds, marked: list[bool | None], where: str) -> None:

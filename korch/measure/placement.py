@@ -74,20 +74,25 @@ double round_trip_ns(int a, int b, int n, double most_ns) {
 def _library():
     """The compiled round trip and the two CPUs it runs on, or None (see the module's docstring)."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cpus) < 2:
-        return None
-    build = Path(tempfile.mkdtemp(prefix="korch-placement-"))
-    source, library = build / "round_trip.c", build / "round_trip.so"
-    source.write_text(_SOURCE)
-    try:
-        command = ["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source), "-lpthread"]
-        subprocess.run(command, check=True, capture_output=True, timeout=60)
-        lib = ctypes.CDLL(str(library))
-    except (OSError, subprocess.SubprocessError):
+    lib = compile_c(_SOURCE) if len(cpus) >= 2 else None
+    if lib is None:
         return None
     lib.round_trip_ns.restype = ctypes.c_double
     lib.round_trip_ns.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double)
     return lib, cpus[0], cpus[1]
+
+
+def compile_c(source: str) -> ctypes.CDLL | None:
+    """C source built with the system's compiler (-O2, pthreads) and loaded, or None without one."""
+    with tempfile.TemporaryDirectory(prefix="korch-c-") as build:
+        path, library = Path(build, "source.c"), Path(build, "library.so")
+        path.write_text(source)
+        try:
+            command = ["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(path), "-lpthread"]
+            subprocess.run(command, check=True, capture_output=True, timeout=60)
+            return ctypes.CDLL(str(library))  # (loaded: the files may go)
+        except (OSError, subprocess.SubprocessError):
+            return None
 
 
 def available() -> bool:

@@ -5,6 +5,7 @@ tests/cli/test_bench.py)."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -36,6 +37,18 @@ def test_the_round_trip_is_measured_and_the_callers_cpus_given_back():
     # a cache line between two cores: tens to hundreds of nanoseconds, never zero or a millisecond
     assert 5.0 < ns < 100_000.0
     assert os.sched_getaffinity(0) == before  # (the calling thread was pinned while it measured)
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="one CPU, or not Linux")
+def test_building_the_round_trip_leaves_no_files_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    placement._library.cache_clear()
+    try:
+        built = placement.available()
+        assert placement.round_trip_ns(passes=100, repeats=1) is not None or not built
+    finally:
+        placement._library.cache_clear()
+    assert list(tmp_path.iterdir()) == []  # (one build per process: a directory each, before)
 
 
 def test_interleave_calls_between_before_the_first_round_and_after_each():
