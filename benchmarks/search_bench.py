@@ -72,9 +72,10 @@ def markdown(results: dict) -> str:
         s = r["search"]
         gap = "-" if s["certified_gap"] is None else f"{s['certified_gap']:.1%}"
         bound = "-" if s["lower_bound_ms"] is None else f"{s['lower_bound_ms']:.3f}"
+        plan = "-" if s["plan_ms"] is None else f"{s['plan_ms']:.3f}"
         rows.append(
             f"| {model} | {backends} | {s['measured']} | {s['bounded']} | {s['pruned']} | {s['rounds']} "
-            f"| {bound} | {s['plan_ms']:.3f} | {gap} | {r['decided_by']} "
+            f"| {bound} | {plan} | {gap} | {r['decided_by']} "
             f"| {r['profiling_s']:.0f} / {results['time_budget']:g} "
             f"| {len(r['violations'])} of {r['observations']} |"
         )

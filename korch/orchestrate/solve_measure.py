@@ -341,10 +341,22 @@ def _count(report: SearchReport, profiler: Profiler, found: CandidateSet) -> Non
 
 
 def certify(report: SearchReport, plan_ms: float) -> None:
-    """The plan's measured cost and the certified gap against the last lower bound."""
-    report.plan_ms = plan_ms
+    """The plan's measured cost and the certified gap against the last lower bound (none where
+    some kernel of the plan has no measurement: plan_ms None)."""
+    report.plan_ms = plan_ms if math.isfinite(plan_ms) else None
     if report.lower_bound_ms is not None and plan_ms > 0 and math.isfinite(plan_ms):
         report.certified_gap = max(0.0, (plan_ms - report.lower_bound_ms) / plan_ms)
+
+
+def measured_ms(solution: Solution, profiles) -> float:
+    """What the solution's kernels cost as each was measured alone (profiles: a ProfileResult), the
+    price certify sets against the lower bound: in-place timings, which may have chosen the plan,
+    are not measurements of the kernels alone. inf where one of them was not measured."""
+    total = 0.0
+    for choice in solution.chosen:
+        measured = profiles.profiles.get(choice.candidate.key, {}).get(choice.backend)
+        total += measured.cost_ms if measured is not None else math.inf
+    return total
 
 
 def database_kernels(path, device: str | None = None) -> list[tuple[str, str, float, float | None, Graph]]:

@@ -4,6 +4,7 @@ against every kernel a real run measured."""
 
 import json
 import math
+import sqlite3
 import time
 
 import numpy as np
@@ -14,8 +15,18 @@ from test_solver import _brute_force, _instance
 from korch.cli import commands as cli
 from korch.ir.work import Work, kernel_work
 from korch.orchestrate.bounds import Observation, Rates, violations
-from korch.orchestrate.solve_measure import PROBE_PREFIX, database_observations, search
-from korch.search.candidates import CandidateSet
+from korch.orchestrate.solve_measure import (
+    PROBE_PREFIX,
+    SearchReport,
+    certify,
+    database_observations,
+    measured_ms,
+    search,
+)
+from korch.orchestrate.solver import Choice, Solution
+from korch.profile.database import Profile
+from korch.profile.profiler import ProfileResult
+from korch.search.candidates import Candidate, CandidateSet
 
 
 class SyntheticPrices:
@@ -138,10 +149,13 @@ def test_every_measured_kernel_respects_the_bound_the_others_give_it(optimized, 
     assert cli.main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     rows = database_observations(root / "db.sqlite")
-    observations = [o for key, o in rows if not key.startswith(PROBE_PREFIX)]
+    kernels = [(key, o) for key, o in rows if not key.startswith(PROBE_PREFIX)]
+    observations = [o for _, o in kernels]
     floors = [o for key, o in rows if key.startswith(PROBE_PREFIX)]
     assert len(observations) >= 10 and len(floors) == 2  # onnxruntime's and vendor's least kernels
-    assert violations(observations, floors=floors) == []
+    # (a failure names each kernel faster than its bound: key, backend, bound / measured)
+    broken = [(kernels[i][0], kernels[i][1].backend, r) for i, r in violations(observations, floors=floors)]
+    assert broken == []
     # a kernel planted twice as fast as the bound of the rest is found, and named by its index
     rates = Rates(observations)
     work = observations[0].work
@@ -149,22 +163,33 @@ def test_every_measured_kernel_respects_the_bound_the_others_give_it(optimized, 
     assert [i for i, _ in violations([*observations, fast], floors=floors)] == [len(observations)]
     search = report["search"]
     assert search["candidates"] == search["measured"] + search["bounded"] + search["pruned"]
-    assert search["bounded"] == 0 and search["certified_gap"] == 0.0  # no budget: all measured
-    assert search["lower_bound_ms"] == pytest.approx(search["plan_ms"])
+    assert search["bounded"] == 0  # no budget: all measured, the bound is the optimum over them
+    # the gap is the kept plan's (the runoff may keep another), at its kernels' isolated timings
+    conn = sqlite3.connect(root / "db.sqlite")
+    alone = {(k, b): ms for k, b, ms in conn.execute("SELECT key, backend, median_ms FROM profiles")}
+    conn.close()
+    kept = json.loads((root / "plan" / "plan.json").read_text())["kernels"]
+    plan_ms = sum(alone[k["key"], k["backend"]] for k in kept)
+    assert search["plan_ms"] == pytest.approx(plan_ms, rel=1e-5)
+    assert search["lower_bound_ms"] <= plan_ms * (1 + 1e-6)
+    gap = (search["plan_ms"] - search["lower_bound_ms"]) / search["plan_ms"]
+    assert search["certified_gap"] == pytest.approx(max(gap, 0.0), abs=1e-5)
     assert report["decided_by"] in ("source-model", "whole-graph", "solver")
 
 
 @pytest.mark.e2e
 def test_a_warm_run_with_no_budget_left_certifies_from_the_database(optimized, capsys):
-    """At --time-budget 0 with every price in the database nothing is measured, and the plan is
-    certified optimal over all its candidates."""
+    """At --time-budget 0 with every price in the database nothing is measured, and the lower
+    bound is the optimum over all the candidates, as the run that measured them found it."""
     root, argv = optimized
     assert cli.main(argv) == 0
-    capsys.readouterr()
+    cold = json.loads(capsys.readouterr().out)["search"]
     assert cli.main([*argv, "--time-budget", "0"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["profiled"] == 0 and report["search"]["rounds"] == 0
-    assert report["search"]["certified_gap"] == 0.0
+    warm = report["search"]
+    assert warm["bounded"] == 0 and warm["lower_bound_ms"] == pytest.approx(cold["lower_bound_ms"])
+    assert warm["certified_gap"] is not None
 
 
 def test_bounds_grow_with_work_and_never_undercut_the_launch_floor():
@@ -449,3 +474,24 @@ def test_a_round_measures_at_most_round_most_pairs_and_the_search_still_reaches_
     assert max(len(r) for r in rounds) == 3 and len(rounds) > 1
     optimum = _brute_force(graph, partitions, candidates, lambda k: min((truth[(k, b)], b) for b in "ab"))
     assert lower == pytest.approx(optimum)
+
+
+def test_the_gap_is_the_kept_plans_priced_by_its_kernels_measured_alone():
+    """The plan kept may not be the optimum over measured costs (in-place timings and the runoff
+    chose it), and its choices may carry in-place costs: the gap is certified for that plan, at
+    what its kernels cost as each was measured alone; none where one of them was not measured."""
+    a, b = (Candidate((i,), ("x",), (f"y{i}",), f"k{i}", 0) for i in range(2))
+    profiles = ProfileResult(
+        {
+            "k0": {"inductor": Profile("k0", "inductor", "ok", median_ms=3.0)},
+            "k1": {"inductor": Profile("k1", "inductor", "ok", median_ms=2.0)},
+        }
+    )
+    kept = Solution([Choice(a, "inductor", 1.0), Choice(b, "inductor", 1.5)], objective_ms=2.5)
+    report = SearchReport(lower_bound_ms=4.0)
+    certify(report, measured_ms(kept, profiles))
+    assert report.plan_ms == 5.0 and report.certified_gap == pytest.approx(0.2)
+    unmeasured = Solution([Choice(a, "inductor", 1.0), Choice(b, "vendor", 1.0)])
+    report = SearchReport(lower_bound_ms=4.0)
+    certify(report, measured_ms(unmeasured, profiles))
+    assert report.plan_ms is None and report.certified_gap is None
