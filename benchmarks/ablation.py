@@ -48,6 +48,7 @@ def summary(plan, seconds: float) -> dict:
         "backends": sorted({k.backend for k in plan.kernels}),
         "decided_by": meta.decided_by,
         "predicted_ms": plan.predicted_ms,
+        "prediction_checked": plan.prediction_checked,  # (False: priced by in-place timings)
         "in_place_ms": (meta.measured or {}).get("ms"),
         "runoff": meta.runoff,
         "search": meta.search,

@@ -120,6 +120,7 @@ def run_model(name: str, args, ceilings: dict, out: Path) -> dict:
         == [SOURCE_MODEL_PREFIX],
         "greedy_kernels": meta.greedy_kernels,
         "predicted_ms": plan.predicted_ms,
+        "prediction_checked": plan.prediction_checked,  # (False: priced by in-place timings)
         "greedy_ms": meta.greedy_ms,
         "solver": meta.solver,
         "profiling": meta.profiling,

@@ -69,7 +69,11 @@ def table(runs: list[dict]) -> list[str]:
             str(r["primitives"]),
             f"{r['kernels']} ({r['greedy_kernels'] if r['greedy_kernels'] is not None else '-'})",
             f"{korch:.3f}" + (" *" if r.get("source_model_only") else ""),
-            f"{r['predicted_ms']:.3f} ({r['predicted_ms'] / korch:.2f}x)",
+            # (the ratio only for a prediction from isolated timings; files before it say nothing)
+            f"{r['predicted_ms']:.3f}"
+            + (
+                f" ({r['predicted_ms'] / korch:.2f}x)" if r.get("prediction_checked", True) else " (in place)"
+            ),
             *[f"{res[p]['median_ms']:.3f}" if p in res else "-" for p in peers],
             f"{r['bench']['speedup_vs_best_peer']:.2f}x",
             f"{by_min:.2f}x" if (by_min := speedup(r, "min_ms")) else "-",

@@ -198,7 +198,8 @@ def _optimize_text(model, plan, payload: dict) -> str:
     backends_used = ", ".join(f"{k} {v}" for k, v in payload["backends"].items())
     human = (
         f"{model}: {payload['kernels']} kernels, predicted {plan.predicted_ms:.3f} ms "
-        f"({greedy}); measured in place {meta.measured['ms']:.3f} ms\n"
+        + ("" if plan.prediction_checked else "from in-place timings ")
+        + f"({greedy}); measured in place {meta.measured['ms']:.3f} ms\n"
         f"solver: {solver['status']}, gap {round(solver['gap'], 6):g}, {solver['seconds']:.2f}s; "
         f"profiled {payload['profiled']}, cache hits {payload['cache_hits']}, "
         f"failed {payload['failed']}, skipped {payload['skipped']}\n"
@@ -380,11 +381,11 @@ def cmd_bench(args) -> int:
     report = bench(plan, peers, rounds=args.rounds, variants=variants)
     for peer, why in report.get("skipped_peers", {}).items():  # (on stderr: the JSON is the contract's)
         _log(args, f"note: {peer} skipped: {why}")
-    _emit(args, report, _bench_table(report, plan))
+    _emit(args, report, _bench_table(report))
     return 0
 
 
-def _bench_table(report: dict, plan) -> str:
+def _bench_table(report: dict) -> str:
     rows = {**report["results"], **report.get("ablation", {})}
     width = max(len(n) for n in rows)
     head = f"{'median ms':>10s} {'min ms':>9s} {'max ms':>9s} {'rel err':>9s} {'launches':>8s}"
@@ -398,9 +399,10 @@ def _bench_table(report: dict, plan) -> str:
         lines.append(line)
     lines.append(f"relative errors against {report['errors_against']}'s outputs on the same inputs")
     if report["speedup_vs_best_peer"]:
+        predicted = report["predicted_ms"]
         lines.append(
-            f"korch speedup vs best peer: {report['speedup_vs_best_peer']:.2f}x "
-            f"(predicted {plan.predicted_ms:.3f} ms)"
+            f"korch speedup vs best peer: {report['speedup_vs_best_peer']:.2f}x"
+            + ("" if predicted is None else f" (predicted {predicted:.3f} ms)")
         )
     far = report.get("far_rounds")
     if far is not None and True in far:  # (korch.measure.placement: a slow episode of the machine)

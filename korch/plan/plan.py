@@ -75,6 +75,14 @@ class Plan:
             f"outputs=[{outputs}], predicted_ms={self.predicted_ms:.4g})"
         )
 
+    @property
+    def prediction_checked(self) -> bool:
+        """Whether predicted_ms sums kernels timed alone, so that timing the plan checks it: not
+        where refining priced the plan by its kernels' in-place timings (korch.plan.refine leaves
+        PlanMeta.measured's "predicted_over_measured" empty then)."""
+        measured = self.meta.measured
+        return measured is None or measured.get("predicted_over_measured") is not None
+
     # -------------------------------------------------------------- execution
     def executable(self):
         if self._executable is None:

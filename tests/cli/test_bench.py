@@ -206,3 +206,17 @@ def test_bench_gives_each_systems_median_over_the_near_rounds(module_and_plan, m
     assert report["far_rounds"] == [False, None, True]
     for name, r in report["results"].items():
         assert r["near_median_ms"] == pytest.approx(r["round_medians_ms"][0], rel=1e-5, abs=1e-6), name
+
+
+def test_the_prediction_is_reported_only_where_kernels_timed_alone_made_it(module_and_plan):
+    """A plan that refining priced by its kernels' in-place timings has no prediction that timing
+    it checks (PlanMeta.measured's "predicted_over_measured" empty): the bench leaves it out."""
+    from korch.cli.commands import _bench_table
+
+    _, _, tmp = module_and_plan
+    for checked in (True, False):
+        plan = Plan.load(tmp / "plan")
+        plan.meta.measured = {**plan.meta.measured, "predicted_over_measured": 0.9 if checked else None}
+        report = bench(plan, ("onnxruntime",), rounds=1, round_pause_s=0.0)
+        assert report["predicted_ms"] == (pytest.approx(plan.predicted_ms) if checked else None)
+        assert ("(predicted " in _bench_table(report)) == checked
