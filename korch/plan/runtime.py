@@ -8,6 +8,7 @@ import functools
 import logging
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -122,7 +123,8 @@ class Executable:
 
     def _capture(self, feeds: dict[str, torch.Tensor]):
         """(graph, static inputs, static outputs), or False when some kernel cannot be captured
-        (an ONNX Runtime session, say): the plan then runs kernel by kernel."""
+        (an ONNX Runtime session, say) or the capture recorded no kernel (torch only warns "The
+        CUDA Graph is empty", and a replay would do nothing): the plan then runs kernel by kernel."""
         static_in = {name: t.clone() for name, t in feeds.items()}
         try:
             stream = torch.cuda.Stream()
@@ -132,8 +134,14 @@ class Executable:
                     self._run(static_in)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = self._run(static_in)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with torch.cuda.graph(graph):
+                    static_out = self._run(static_in)
+            for w in caught:  # (the others as they came)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            if any("CUDA Graph is empty" in str(w.message) for w in caught):
+                raise RuntimeError("the CUDA graph is empty: no kernel of the plan was captured")
             return graph, static_in, static_out
         except Exception as e:
             line = first_line(e, 160)

@@ -127,6 +127,32 @@ def test_a_plan_that_cannot_be_captured_says_so(attention_plan, caplog):
         torch.testing.assert_close(y.cpu(), module(x), rtol=1e-4, atol=1e-4)
 
 
+def test_a_plan_whose_cuda_graph_captures_nothing_says_so(attention_plan, caplog):
+    """A capture that records no kernel only makes torch warn ("The CUDA Graph is empty"), and its
+    replay does nothing: the plan is reported as not captured, as a failed capture is."""
+    plan, _ = attention_plan
+    exe = plan.executable()
+
+    def hollow(fn):
+        """The kernel once (the first warm-up call), then new buffers of its outputs' shapes:
+        nothing is launched while the graph is captured."""
+        first: list[torch.Tensor] = []
+
+        def run(*inputs):
+            if not first:
+                first.extend(fn(*inputs))
+                return first
+            return [torch.empty_like(t) for t in first]
+
+        return run
+
+    exe.steps = [(hollow(fn), *rest) for fn, *rest in exe.steps]
+    with caplog.at_level("WARNING", logger="korch"):
+        exe(torch.randn(2, 8, 16).cuda())
+    assert exe.captured is False
+    assert "the CUDA graph is empty" in caplog.text
+
+
 def test_the_held_stream_spins_about_as_long_as_asked():
     hold_device("cuda", 1.0)  # calibrates
     start, end = timing_events()
