@@ -111,9 +111,9 @@ def _geomean(values: list[float]) -> float:
 
 
 def markdown(doc: dict) -> str:
-    """Per run (model, backends): every system's median (minimum) ms, launches per call and
-    largest relative error; then korch's speedup over each system (medians) with its geomean,
-    and what optimize measured for its plan against the bench's median."""
+    """Per run (model, backends): every system's median (minimum) ms and launches per call; then
+    korch's speedup over each system (medians) with its geomean, what optimize measured for its
+    plan against the bench's median, and every system's largest relative error."""
     runs = doc["runs"]
     names = list(dict.fromkeys(n for entry in runs.values() for n in _rows(entry)))
     head = ["model", "backends", *(SHORT.get(n, n) for n in names)]
@@ -160,6 +160,14 @@ def markdown(doc: dict) -> str:
             f"{err:.1e}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Each system's largest relative error (against ONNX Runtime on the source model):", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for entry in runs.values():
+        rows = _rows(entry)
+        errors = [f"{rows[n]['max_rel_err']:.1e}" if n in rows else "-" for n in names]
+        lines.append(
+            "| " + " | ".join([entry["model"], ",".join(entry["backends"] or ("default",)), *errors]) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
