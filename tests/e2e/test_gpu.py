@@ -41,8 +41,9 @@ pytestmark = [
         "grid_sample",
     ],
 )
-@pytest.mark.parametrize("backend", ["inductor", "vendor"])
+@pytest.mark.parametrize("backend", ["inductor", "vendor", "onnxruntime"])
 def test_cuda_backend_matches_reference(case, backend):
+    """(onnxruntime: its CUDA provider, where the installed ONNX Runtime has one; else it declines)"""
     assert case in CASES
     (b,) = get_backends([backend])
     spec, inputs, want = _whole_graph_spec(case)
