@@ -11,8 +11,12 @@
 # fast model leaves goes to the slower ones after it. Before the ablation a model took 100-160 s
 # on an H200 (benchmarks/results/gpu-2026-12-04-h200.log); the ablation's two variants, three
 # more peers and the inductor-autotune backend (default on CUDA; each of its kernels autotuned in
-# the timing worker, a job limited to ProfileOptions.time_timeout) have not run on a GPU yet. Split
-# over two calls of one session, the GPU tests in the first:
+# the timing worker, a job limited to ProfileOptions.time_timeout) have not run on a GPU yet. In one
+# call of at most 10 minutes (the GPU tests, then the five models in what is left of 575 s):
+#
+#   OUT=gpu-results bash benchmarks/gpu_bench.sh 20
+#
+# or, where a session has the device time, over two calls, the GPU tests in the first:
 #
 #   OUT=gpu-results DEADLINE=395 MODELS="yolox-nano efficientvit-b1" bash benchmarks/gpu_bench.sh 20
 #   OUT=gpu-results DEADLINE=465 TESTS=0 MODELS="segformer-b0 candy yolov4" bash benchmarks/gpu_bench.sh 20
