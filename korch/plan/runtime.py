@@ -138,9 +138,11 @@ class Executable:
                 warnings.simplefilter("always")
                 with torch.cuda.graph(graph):
                     static_out = self._run(static_in)
+            empty = [w for w in caught if "CUDA Graph is empty" in str(w.message)]
             for w in caught:  # (the others as they came)
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            if any("CUDA Graph is empty" in str(w.message) for w in caught):
+                if w not in empty:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            if empty:
                 raise RuntimeError("the CUDA graph is empty: no kernel of the plan was captured")
             return graph, static_in, static_out
         except Exception as e:
