@@ -185,10 +185,12 @@ def _systems(plan: Plan, peers, module, feeds, variants) -> tuple[dict[str, Call
     for peer in peers:
         start = time.perf_counter()
         launches = None
-        if peer == "onnxruntime":
-            systems[peer] = _onnxruntime_peer(plan, feeds)
-        elif peer == "openvino":
-            systems[peer] = _openvino_peer(plan, feeds)
+        if peer in ("onnxruntime", "openvino"):
+            make = _onnxruntime_peer if peer == "onnxruntime" else _openvino_peer
+            systems[peer] = make(plan, feeds)
+            # each ONNX operator of the model one launch, as korch counts its own kernels of these
+            # runtimes (korch.pipeline.original_model_seed: the source model run whole)
+            launches = len(plan.model.graph.node)
         else:
             systems[peer], launches = torch_peer(peer, module, ordered, plan.device)
         systems[peer]()
