@@ -162,6 +162,9 @@ def test_every_measured_kernel_respects_the_bound_the_others_give_it(optimized, 
     fast = Observation(observations[0].backend, work, rates.bound_ms(work, observations[0].backend) / 4)
     assert [i for i, _ in violations([*observations, fast], floors=floors)] == [len(observations)]
     search = report["search"]
+    contract = {"candidates", "measured", "bounded", "pruned", "rounds", "lower_bound_ms", "plan_ms"}
+    assert contract | {"certified_gap", "profiling_seconds"} <= set(search)  # (../shared/CONTRACT.md)
+    assert 0 < search["profiling_seconds"] <= report["seconds"]
     assert search["candidates"] == search["measured"] + search["bounded"] + search["pruned"]
     assert search["bounded"] == 0  # no budget: all measured, the bound is the optimum over them
     # the gap is the kept plan's (the runoff may keep another), at its kernels' isolated timings
