@@ -252,3 +252,26 @@ def test_700_node_graph_renders_quickly(tmp_path):
     start = time.perf_counter()
     _check_rendered(html, tmp_path, len(plan_nodes(plan)))
     assert time.perf_counter() - start < 45
+
+
+def test_the_search_is_shown_in_all_and_per_partition():
+    """explain's search lines: the totals with the bound, the plan kept and its gap (or that it is
+    certified optimal, or not certified), then each partition's counts and why pairs were pruned."""
+    from korch.cli.explain import search_lines
+
+    why = "vendor: not a single linear primitive"
+    search = {
+        "measured": 7, "bounded": 3, "pruned": 2, "rounds": 4, "lower_bound_ms": 1.75, "plan_ms": 2.0,
+        "certified_gap": 0.125,
+        "partitions": [
+            {"partition": -1, "measured": 2, "bounded": 0, "pruned": {}},
+            {"partition": 0, "measured": 5, "bounded": 3, "pruned": {why: 2}},
+        ],
+    }  # fmt: skip
+    total, whole, part = search_lines(search, "solver")
+    assert "7 (kernel, backend) pairs measured, 3 priced by lower bounds, 2 pruned, 4" in total
+    assert "lower bound 1.7500 ms" in total and "certified gap 12.5%" in total and "solver" in total
+    assert whole == "  whole graph: 2 measured, 0 bounded, pruned: none"
+    assert part == f"  partition 0: 5 measured, 3 bounded, pruned: {why} (2)"
+    assert "certified optimal" in search_lines({**search, "certified_gap": 0.0}, "whole-graph")[0]
+    assert "not certified" in search_lines({**search, "certified_gap": None}, "whole-graph")[0]
