@@ -30,6 +30,7 @@ from korch.measure.tolerance import graph_tolerance
 from korch.profile.database import Profile, ProfileDB
 from korch.profile.jobs import run_job, spill_activations, write_blobs
 from korch.profile.ray_pool import make_ray_pool
+from korch.profile.scratch import scratch_directory
 from korch.profile.workers import WorkerPool
 from korch.search.candidates import Candidate, CandidateSet
 from korch.search.kernel import (
@@ -443,7 +444,7 @@ class Profiler:
         sources = {spec.key: spec for spec, _ in jobs if spec.key.startswith(SOURCE_MODEL_PREFIX)}
         needed = {v for spec, _ in jobs for v in spec.inputs}
         needed |= {v for spec in sources.values() for v in spec.outputs}
-        directory = tempfile.TemporaryDirectory(prefix="korch-profile-")  # $TMPDIR: on disk, not in RAM
+        directory = scratch_directory()
         try:
             values = spill_activations(self.graph, needed, Path(directory.name))
             blob_data, blob_paths = write_blobs(sources.values(), Path(directory.name))
