@@ -23,7 +23,6 @@ from pathlib import Path
 from zoo_bench import PAPER_MODELS, save
 
 from korch.cli import zoo
-from korch.config import RUNOFF
 from korch.pipeline import OptimizeOptions, optimize
 from korch.plan import refine
 
@@ -35,8 +34,7 @@ def contenders(model: Path, options: OptimizeOptions, into: Path) -> dict:
 
     def spy(best, measured, *rest):
         kept, report = runoff(best, measured, *rest)
-        limit = RUNOFF * best[0].meta.measured["min_ms"]  # (the runoff's own choice of plans)
-        seen.append(([m for m in measured if m[0].meta.measured["min_ms"] <= limit], kept, report))
+        seen.append((refine.contenders(best, measured), kept, report))
         return kept, report
 
     refine.runoff = spy

@@ -25,6 +25,7 @@ from korch.ir.serialize import graph_to_json, load_graph_json
 from korch.plan.check import MANIFEST, check_graph, check_plan, check_versions, write_manifest
 from korch.plan.meta import RERUN, PlanMeta
 from korch.plan.store import PlanFiles, PlanReplaced, exchange
+from korch.profile.scratch import process_gone
 from korch.search.kernel import SOURCE_MODEL_PREFIX, WHOLE_GRAPH_PREFIX, KernelSpec, kernel_graph_json
 
 FORMAT = "korch.plan/2"  # /2: typed metadata (korch.plan.meta)
@@ -335,12 +336,8 @@ def _remove_dead_temporaries(directory: Path) -> None:
         match = pattern.fullmatch(path.name)
         if match is None or path.is_symlink() or not path.is_dir():
             continue
-        try:
-            os.kill(int(match[1]), 0)
-        except ProcessLookupError:
+        if process_gone(int(match[1])):
             _remove_plan_files(path)
-        except (ValueError, OSError):
-            continue  # alive under another user
 
 
 def _plan_doc(directory: Path, text: bytes | None) -> dict:

@@ -175,8 +175,7 @@ def runoff(best, measured: list, settings: Settings = Settings(), timings: PlanT
     margin the machine's noise makes (two copies of one ONNX Runtime session differ by 2-4% side by
     side), if need be after a second look (korch.measure.timing.second_look). (best, what the
     runoff measured or None); a runoff between the same plans that `timings` kept is not run again."""
-    limit = RUNOFF * best[0].meta.measured["min_ms"]
-    close = [m for m in measured if m[0].meta.measured["min_ms"] <= limit]
+    close = contenders(best, measured)
     if len(close) < 2:
         return best, None
     settings.say(f"{len(close)} plans within {RUNOFF:g}x of the fastest run again side by side")
@@ -188,6 +187,13 @@ def runoff(best, measured: list, settings: Settings = Settings(), timings: PlanT
         if kept:
             settings.say(f"plan {report['winner'] + 1} of them won when they last ran side by side")
     return close[report["winner"]], report
+
+
+def contenders(best, measured: list) -> list:
+    """The (plan, solution) pairs the runoff runs: those whose in-place minimum is within RUNOFF of
+    the fastest's (`best`)."""
+    limit = RUNOFF * best[0].meta.measured["min_ms"]
+    return [m for m in measured if m[0].meta.measured["min_ms"] <= limit]
 
 
 def _run_off(close: list, settings: Settings) -> dict:

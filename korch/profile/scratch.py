@@ -21,11 +21,26 @@ def scratch_directory() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-")
 
 
+def process_gone(pid: int) -> bool:
+    """Whether no process has this id: signal 0 probes it (POSIX only: elsewhere it is not a mere
+    probe, and nothing is known to be gone). A live process, or one of another user's that may
+    not be signalled, is not gone."""
+    if not hasattr(os, "getuid"):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, OSError):
+        return False
+    return False
+
+
 def remove_dead(folder: Path) -> list[Path]:
     """Remove the scratch directories in `folder` of processes that no longer exist (this user's
     only: another's may not be ours to remove, nor its process visible); the ones removed."""
     removed: list[Path] = []
-    if not hasattr(os, "getuid"):  # (POSIX only: elsewhere signal 0 is not a mere probe)
+    if not hasattr(os, "getuid"):
         return removed
     try:
         entries = list(folder.iterdir())
@@ -36,12 +51,10 @@ def remove_dead(folder: Path) -> list[Path]:
         if match is None or path.is_symlink() or not path.is_dir():
             continue
         try:
-            if path.stat().st_uid != os.getuid():
-                continue
-            os.kill(int(match[1]), 0)
-        except ProcessLookupError:
+            ours = path.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if ours and process_gone(int(match[1])):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
-        except (ValueError, OSError):
-            continue  # alive, or not to be told
     return removed
