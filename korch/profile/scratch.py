@@ -1,5 +1,5 @@
-"""The profiler's scratch directory: the graph's activations spilled for the workers to read (a
-large model's are a gigabyte) and the source model's bytes. It goes when the profiler closes; one
+"""The profiler's scratch directory: the graph's activations spilled for the workers to read and
+the source model's bytes. It goes when the profiler closes; one
 whose process was killed stays behind, so each new one first removes those of dead processes."""
 
 from __future__ import annotations
