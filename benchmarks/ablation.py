@@ -30,6 +30,7 @@ from zoo_bench import PAPER_MODELS, save
 
 from korch.cli import zoo
 from korch.cli.bench import ABLATION, bench
+from korch.cli.explain import search_totals
 from korch.pipeline import OptimizeOptions, optimize
 
 CPU_PEERS = "onnxruntime,openvino,torch-compile,torch-compile-freezing,torch-compile-max-autotune-freezing"
@@ -51,7 +52,7 @@ def summary(plan, seconds: float) -> dict:
         "prediction_checked": plan.prediction_checked,  # (False: priced by in-place timings)
         "in_place_ms": (meta.measured or {}).get("ms"),
         "runoff": meta.runoff,
-        "search": meta.search,
+        "search": search_totals(meta.search),  # (without each pruned candidate)
         "rewrites": len(meta.rewrites),
     }
 

@@ -239,6 +239,9 @@ def _explain_command(sub) -> None:
     p = sub.add_parser("explain", help="what a plan chose and why: kernels, alternatives, graph")
     p.add_argument("plan", type=_path, metavar="PLAN_DIR")
     p.add_argument("--html", type=_path, metavar="FILE", help="also write a self-contained HTML report")
+    p.add_argument(
+        "--pruned", action="store_true", help="also list each pruned candidate: its primitives and why"
+    )
     _output_args(p)
 
 

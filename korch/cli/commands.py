@@ -163,6 +163,8 @@ def _optimize_options(args):
 
 def _optimize_payload(plan, output) -> dict:
     """optimize --json's object (korch's public contract)."""
+    from korch.cli import explain
+
     meta = plan.meta
     return {
         "kernels": len(plan.kernels),
@@ -180,7 +182,7 @@ def _optimize_payload(plan, output) -> dict:
         "measured_ms": meta.measured["ms"],
         "backends": dict(Counter(k.backend for k in plan.kernels)),
         "rewrites": meta.rewrites,
-        "search": meta.search,
+        "search": explain.search_totals(meta.search),
         "decided_by": meta.decided_by,
         "plan": str(output),
     }
@@ -447,7 +449,7 @@ def cmd_explain(args) -> int:
     if args.html:
         refuse_inside_plan(Path(args.html), "--html", args.plan)
     plan = Plan.load(args.plan, allow_mismatch=True)  # a report runs nothing: any versions will do
-    report = explain.report(plan, str(args.plan))
+    report = explain.report(plan, str(args.plan), pruned=args.pruned)
     if args.html:
         from korch.cli.explain_html import page
 
@@ -458,7 +460,7 @@ def cmd_explain(args) -> int:
             raise KorchError(f"{args.html}: cannot write the report ({e.strerror or e})") from None
         _log(args, f"explain: wrote {args.html}")
         report["html"] = str(args.html)
-    _emit(args, report, explain.text(report))
+    _emit(args, report, explain.text(report, plan.graph))
     return 0
 
 

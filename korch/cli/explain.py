@@ -6,6 +6,7 @@ from collections import Counter
 
 from korch.ir.prims import DTYPES
 from korch.measure.roofline import flops_ceiling, matmul_dtype, node_flops, traffic_bytes
+from korch.orchestrate.solve_measure import node_indices
 from korch.plan.plan import Plan, PlanKernel
 from korch.search.kernel import SOURCE_MODEL_PREFIX
 
@@ -59,8 +60,10 @@ def _kernel_report(plan: Plan, index: int, kernel: PlanKernel, alternatives: lis
     }
 
 
-def report(plan: Plan, source: str = "") -> dict:
-    """Everything `korch explain` shows, as one JSON-able dictionary."""
+def report(plan: Plan, source: str = "", pruned: bool = False) -> dict:
+    """Everything `korch explain` shows, as one JSON-able dictionary; with `pruned`, the search's
+    list of each pruned candidate too ("pruned_candidates": why -> partition -> primitives, as
+    korch.orchestrate.solve_measure.SearchReport keeps them)."""
     meta = plan.meta
     kernels = [
         _kernel_report(plan, i, k, meta.alternatives, meta.ceilings) for i, k in enumerate(plan.kernels)
@@ -85,9 +88,17 @@ def report(plan: Plan, source: str = "") -> dict:
         "ceilings": meta.ceilings,
         "opaque_ops": meta.fission.get("opaque_ops", []),
         "rewrites": meta.rewrites,
-        "search": meta.search,
+        "search": search_totals(meta.search),
         "decided_by": meta.decided_by,
+        # (asked for: each pruned candidate; None where the plan records none, an older korch's)
+        **({"pruned_candidates": (meta.search or {}).get("pruned_candidates")} if pruned else {}),
     }
+
+
+def search_totals(search: dict | None) -> dict | None:
+    """The search's summary without its list of each pruned candidate (optimize --json's, and
+    explain's unless asked)."""
+    return None if search is None else {k: v for k, v in search.items() if k != "pruned_candidates"}
 
 
 def _fmt_ms(ms) -> str:
@@ -153,6 +164,24 @@ def search_lines(search: dict, decided_by: str) -> list[str]:
     return lines
 
 
+def pruned_lines(listed: dict | None, graph) -> list[str]:
+    """Each reason a (candidate, backend) pair was pruned, then one line per candidate: where, its
+    primitives (their kinds where the plan has its graph)."""
+    if listed is None:
+        return ["pruned candidates: not recorded in this plan (an older korch's, or not optimize's)"]
+    lines = ["pruned candidates, by backend and why (partition, primitives):"]
+    for why, parts in listed.items():
+        lines.append(f"  {why}:")
+        for part, ranges in sorted(parts.items(), key=lambda kv: int(kv[0])):
+            where = "whole" if int(part) < 0 else f"p{part}"
+            for nodes in ranges.split(";"):
+                kinds = ""
+                if graph is not None and nodes[0].isdigit():
+                    kinds = f" ({names_text([graph.nodes[i].prim.value for i in node_indices(nodes)], 4)})"
+                lines.append(f"    {where:5s} {nodes}{kinds}")
+    return lines
+
+
 def ceilings_text(c: dict) -> str:
     half = [(k.removeprefix("gflops_"), v) for k, v in c.items() if k.startswith("gflops_")]
     matmuls = [("float32", c["gflops"]), *half]
@@ -188,7 +217,9 @@ def _header(r: dict) -> list[str]:
     return lines
 
 
-def text(r: dict) -> str:
+def text(r: dict, graph=None) -> str:
+    """The report as text; its list of pruned candidates last, where it holds one (their kinds of
+    primitive from `graph`, the plan's, where given)."""
     lines = _header(r)
     lines.append(
         f"{'#':>4s}  {'backend':12s} {'ms':>9s} {'share':>6s} {'prims':>5s}  {'rate':28s} primitives"
@@ -203,4 +234,6 @@ def text(r: dict) -> str:
             lines.append(f"{'':6s}from: {names_text(k['origins'], 6)}")
         for a in k["alternatives"]:
             lines.append(f"{'':6s}rejected: {alternative_text(a)}")
+    if "pruned_candidates" in r:
+        lines += pruned_lines(r["pruned_candidates"], graph)
     return "\n".join(lines)

@@ -44,6 +44,9 @@ class SearchReport:
     profiling_seconds: float = 0.0
     measured_in_rounds: int = 0  # pairs the rounds compiled and timed
     partitions: list[dict] = field(default_factory=list)  # the counts per partition (-1: whole graph)
+    # each pruned pair's candidates: "backend: why" -> partition -> their primitives as ranges,
+    # each candidate's after a ";" ("3-7,9;12", the source model run whole as "source model")
+    pruned_candidates: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def summary(self) -> dict:
         def ms(x):
@@ -62,6 +65,7 @@ class SearchReport:
             "certified_gap": None if self.certified_gap is None else round(self.certified_gap, 6),
             "profiling_seconds": round(self.profiling_seconds, 3),
             "partitions": self.partitions,
+            "pruned_candidates": self.pruned_candidates,
         }
 
 
@@ -309,13 +313,17 @@ def _count(report: SearchReport, profiler: Profiler, found: CandidateSet) -> Non
     """Every (key, backend) pair as measured, bounded (pending) or pruned (unsupported, or failed
     when measured), in all and per partition."""
     parts: dict[str, set[int]] = {}
+    places: dict[str, list[tuple[int, str]]] = {}  # key -> (partition, primitives) of each candidate
     for c in found.candidates:
         parts.setdefault(c.key, set()).add(c.partition)
+        where = "source model" if c.key.startswith(SOURCE_MODEL_PREFIX) else node_ranges(c.nodes)
+        places.setdefault(c.key, []).append((c.partition, where))
     unsupported: dict[str, list[tuple[str, str]]] = {}
     for (key, backend), why in profiler.result.pruned.items():
         unsupported.setdefault(key, []).append((backend, why))
     per_part: dict[int, dict] = {}
     reasons: dict[str, int] = {}
+    listed: list[tuple[str, int, str]] = []  # (why, partition, primitives) of each pruned candidate
     for key, per_backend in profiler.result.profiles.items():
         states = [
             ("measured" if p.cost_ms < math.inf else "pruned", b, p.reason) for b, p in per_backend.items()
@@ -327,6 +335,8 @@ def _count(report: SearchReport, profiler: Profiler, found: CandidateSet) -> Non
             line = f"{backend}: {why or 'failed'}"[:100]
             if state == "pruned":
                 reasons[line] = reasons.get(line, 0) + 1
+                full = f"{backend}: {why or 'failed'}"
+                listed += [(full, part, nodes) for part, nodes in places.get(key, ())]
             for part in parts.get(key, ()):
                 entry = per_part.setdefault(
                     part, {"partition": part, "measured": 0, "bounded": 0, "pruned": {}}
@@ -336,8 +346,37 @@ def _count(report: SearchReport, profiler: Profiler, found: CandidateSet) -> Non
                 else:
                     entry[state] += 1
     report.pruned_reasons = reasons
+    report.pruned_candidates = {}
+    for why, part, nodes in sorted(listed, key=lambda row: (row[0], row[1], _first(row[2]), row[2])):
+        where = report.pruned_candidates.setdefault(why, {})
+        where[str(part)] = f"{where[str(part)]};{nodes}" if str(part) in where else nodes
     report.partitions = [per_part[i] for i in sorted(per_part)]
     report.candidates = report.measured + report.bounded + report.pruned
+
+
+def node_ranges(nodes) -> str:
+    """Primitive indices as sorted ranges: (3, 4, 5, 9) -> "3-5,9"."""
+    runs: list[list[int]] = []
+    for i in sorted(nodes):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def node_indices(ranges: str) -> list[int]:
+    """node_ranges undone: "3-5,9" -> [3, 4, 5, 9]."""
+    out: list[int] = []
+    for run in ranges.split(","):
+        a, _, b = run.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    return out
+
+
+def _first(ranges: str) -> int:
+    """The first primitive of node_ranges' text (-1 for the source model)."""
+    return int(ranges.split(",")[0].split("-")[0]) if ranges[0].isdigit() else -1
 
 
 def certify(report: SearchReport, plan_ms: float) -> None:

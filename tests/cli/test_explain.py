@@ -275,3 +275,51 @@ def test_the_search_is_shown_in_all_and_per_partition():
     assert part == f"  partition 0: 5 measured, 3 bounded, pruned: {why} (2)"
     assert "certified optimal" in search_lines({**search, "certified_gap": 0.0}, "whole-graph")[0]
     assert "not certified" in search_lines({**search, "certified_gap": None}, "whole-graph")[0]
+
+
+def test_each_pruned_candidate_is_listed_with_its_backends_reason(plan_dir, capsys):
+    """explain --pruned lists each candidate that a backend refused, under the backend's own
+    reason (oracle: Backend.supports asked again of every candidate of the plan's graph), its
+    primitives and their kinds; optimize --json and explain without --pruned leave it out."""
+    from korch.backends import get_backends
+    from korch.orchestrate.solve_measure import node_indices, node_ranges
+    from korch.search.kernel import kernel_spec
+
+    plan = Plan.load(plan_dir)
+    backends = get_backends(["onnxruntime", "vendor"], "cpu")
+    want = set()
+    for c in enumerate_candidates(plan.graph, CandidateOptions(max_size=4)).candidates:
+        for b in backends:
+            why = b.supports(kernel_spec(plan.graph, c), "cpu")
+            if why:
+                want.add((f"{b.name}: {why}", str(c.partition), frozenset(c.nodes)))
+    listed = explain.report(plan, pruned=True)["pruned_candidates"]
+    got = {
+        (why, part, frozenset(node_indices(nodes)))
+        for why, parts in listed.items()
+        for part, ranges in parts.items()
+        for nodes in ranges.split(";")
+    }
+    assert want and got == want  # (nothing failed when measured in this model)
+    assert "pruned_candidates" not in explain.report(plan)
+    assert "pruned_candidates" not in explain.report(plan, pruned=True)["search"]
+
+    assert cli.main(["explain", str(plan_dir), "--pruned"]) == 0
+    out = capsys.readouterr().out
+    why, part, nodes = min(want, key=lambda row: (row[0], row[1], sorted(row[2])))
+    nodes = node_ranges(nodes)
+    kinds = ", ".join(plan.graph.nodes[i].prim.value for i in node_indices(nodes))
+    assert f"  {why}:\n" in out and f"    p{part}    {nodes} ({kinds}" in out
+
+
+def test_node_ranges_round_trip():
+    """node_ranges' text lists exactly the given primitives (oracle: the set), in runs."""
+    from korch.orchestrate.solve_measure import node_indices, node_ranges
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        nodes = set(rng.choice(40, size=rng.integers(1, 12), replace=False).tolist())
+        text = node_ranges(nodes)
+        assert node_indices(text) == sorted(nodes)
+        assert text.count(",") + 1 == sum(1 for i in nodes if i - 1 not in nodes)  # one run per gap
+    assert node_ranges((9, 3, 4, 5)) == "3-5,9"
