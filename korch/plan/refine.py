@@ -53,6 +53,13 @@ def extra_per_kernel(timed: list[tuple[str, float, float]]) -> dict[str, float]:
     return {b: statistics.median(d) for b, d in deltas.items() if len(d) > 1}
 
 
+def corrected(alone_ms: float, extra_ms: float) -> float:
+    """A kernel's isolated time with its backend's extra time per kernel in a plan added: lower
+    where the extra is negative, but never below IN_PLACE_FLOOR of the isolated time (a median
+    taken from other kernels may exceed a small kernel's whole time)."""
+    return max(alone_ms + extra_ms, alone_ms * IN_PLACE_FLOOR)
+
+
 def chosen(solution: Solution) -> frozenset:
     """The solution's (kernel key, backend) pairs."""
     return frozenset((c.candidate.key, c.backend) for c in solution.chosen)
@@ -77,7 +84,7 @@ def refine(
     extra: dict[str, float] = {}  # backend -> median (in place - alone) per kernel
 
     def adjusted(key: str, backend: str, ms: float) -> float:
-        return in_place.get((key, backend), max(ms + extra.get(backend, 0.0), ms * IN_PLACE_FLOOR))
+        return in_place.get((key, backend), corrected(ms, extra.get(backend, 0.0)))
 
     def calibrate(plan: Plan) -> None:
         timed = []

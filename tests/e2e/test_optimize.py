@@ -664,22 +664,6 @@ def test_two_looks_keep_the_chance_that_a_plan_no_faster_replaces_the_source_mod
     assert round(first, 3) == 0.035 and round(both, 3) == 0.059
 
 
-def test_in_place_calibration_takes_no_per_kernel_cost_from_one_kernel_and_may_lower_a_cost():
-    """What running inside a plan adds to each kernel (korch.plan.refine.extra_per_kernel): one
-    whole-graph kernel 0.26 ms faster in place once priced every other ONNX Runtime kernel 0.26 ms
-    cheaper (down to nothing), and a 305-kernel plan was predicted at 0.84 ms; it ran in 57. Kernels
-    that run faster in place than alone are priced lower (the median difference, negative)."""
-    from korch.plan.refine import extra_per_kernel
-
-    assert extra_per_kernel([("onnxruntime", 7.212, 6.951)]) == {}
-    assert extra_per_kernel([("onnxruntime", 7.212, 7.951)]) == {}
-    faster = [("inductor", 0.30, 0.20), ("inductor", 0.10, 0.05), ("inductor", 0.40, 0.38)]
-    assert extra_per_kernel(faster) == {"inductor": pytest.approx(-0.05)}
-    slower = [("vendor", 0.10, 0.13), ("vendor", 0.20, 0.22), ("vendor", 0.05, 0.10)]
-    slower.append(("onnxruntime", 1.0, 0.5))  # one kernel of its backend: nothing for onnxruntime
-    assert extra_per_kernel(slower) == {"vendor": pytest.approx(0.03)}
-
-
 def test_the_whole_graph_variant_decides_by_the_plan_timings_korch_kept(model_path, tmp_path, monkeypatch):
     """The ablation's whole-graph variant (selection "whole-graph") takes each whole-graph plan's
     in-place measurement that korch's own run kept, then the runoff between those close to the
