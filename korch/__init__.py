@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import onnx
 
+from korch import openmp  # noqa: F401 (before torch loads: its OpenMP workers' spin)
 from korch.config import VERSION
 from korch.errors import CheckFailed, KorchError, ShapeError
 from korch.frontend import FissionResult, import_onnx
