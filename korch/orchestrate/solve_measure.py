@@ -332,10 +332,10 @@ def _count(report: SearchReport, profiler: Profiler, found: CandidateSet) -> Non
         states += [("pruned", b, why) for b, why in unsupported.get(key, ())]
         for state, backend, why in states:
             setattr(report, state, getattr(report, state) + 1)
-            line = f"{backend}: {why or 'failed'}"[:100]
+            full = f"{backend}: {why or 'failed'}"
+            line = full[:100]
             if state == "pruned":
                 reasons[line] = reasons.get(line, 0) + 1
-                full = f"{backend}: {why or 'failed'}"
                 listed += [(full, part, nodes) for part, nodes in places.get(key, ())]
             for part in parts.get(key, ()):
                 entry = per_part.setdefault(
