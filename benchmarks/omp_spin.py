@@ -1,7 +1,7 @@
 """What korch's OpenMP spin setting (korch.openmp) does to the solver's plans in sequence: each
 model's plan (benchmarks/in_sequence.py, on a finished search's databases) timed in processes that
-alternate between korch's setting (GOMP_SPINCOUNT unset: korch sets korch.config.OMP_SPINCOUNT) and
-GNU OpenMP's default (GOMP_SPINCOUNT=300000), --trials processes each; per setting and model, the
+alternate between korch's setting (GOMP_SPINCOUNT=korch.config.OMP_SPINCOUNT) and GNU OpenMP's
+default (GOMP_SPINCOUNT=300000), --trials processes each; per setting and model, the
 median over the processes of each way's sum, and by backend.
 
     python benchmarks/omp_spin.py [MODEL ...] --dir ZOO --dbs SEARCH_OUT --out FILE
@@ -24,13 +24,16 @@ from zoo_bench import PAPER_MODELS, save
 
 from korch.config import OMP_SPINCOUNT
 
-SETTINGS = {f"korch ({OMP_SPINCOUNT} spins)": None, "GNU OpenMP's default (300000 spins)": "300000"}
+# (each set explicitly: korch's own setting would not reach a process that imports torch first)
+SETTINGS = {
+    f"korch ({OMP_SPINCOUNT} spins)": str(OMP_SPINCOUNT),
+    "GNU OpenMP's default (300000 spins)": "300000",
+}
 
 
-def one_process(spins: str | None, args, out: Path) -> dict:
+def one_process(spins: str, args, out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    if spins is not None:
-        env["GOMP_SPINCOUNT"] = spins
+    env["GOMP_SPINCOUNT"] = spins
     argv = [sys.executable, str(Path(__file__).with_name("in_sequence.py")), *args.models, "--dir", args.dir]
     argv += [
         "--dbs",

@@ -15,6 +15,10 @@ Inductor and vendor kernels and set against torch.compile, as on a GPU.
 
 from __future__ import annotations
 
+# isort: off
+import korch  # (first: korch.openmp sets torch's OpenMP spin before torch loads, as the CLI does)
+
+# isort: on
 import argparse
 import dataclasses
 import json
@@ -143,8 +147,6 @@ def run_model(name: str, args, ceilings: dict, out: Path) -> dict:
 
 def machine() -> dict:
     import onnxruntime
-
-    import korch
 
     return {
         "cpu": f"{platform.machine()} ({cpu_model()})",
