@@ -21,6 +21,7 @@ from pathlib import Path
 from ablation import markdown as ablation_table
 from boundaries import markdown as boundaries_table
 from in_sequence import markdown as in_sequence_table
+from omp_spin import markdown as omp_spin_table
 from kernel_classes import markdown as classes_table
 from search_bench import markdown as search_table
 from zoo_report import SOURCE_MODEL_NOTE, speedup, table, targets
@@ -166,6 +167,7 @@ BLOCKS = {
     "boundaries": lambda index, results: one_run(index, results, "boundaries", boundaries_table),
     "kernel-classes": lambda index, results: one_run(index, results, "kernel-classes", classes_table),
     "in-sequence": lambda index, results: one_run(index, results, "in-sequence", in_sequence_table),
+    "omp-spin": lambda index, results: one_run(index, results, "omp-spin", omp_spin_table),
     "decoders": decoders,
     "suites": suites,
     "history": history,
