@@ -1,4 +1,4 @@
-"""What korch's OpenMP spin setting (korch.openmp) does to the solver's plans in sequence: each
+"""What korch's OpenMP spin setting (korch.measure.openmp) does to the solver's plans in sequence: each
 model's plan (benchmarks/in_sequence.py, on a finished search's databases) timed in processes that
 alternate between korch's setting (GOMP_SPINCOUNT=korch.config.OMP_SPINCOUNT) and GNU OpenMP's
 default (GOMP_SPINCOUNT=300000), --trials processes each; per setting and model, the

@@ -21,8 +21,8 @@ from pathlib import Path
 from ablation import markdown as ablation_table
 from boundaries import markdown as boundaries_table
 from in_sequence import markdown as in_sequence_table
-from omp_spin import markdown as omp_spin_table
 from kernel_classes import markdown as classes_table
+from omp_spin import markdown as omp_spin_table
 from search_bench import markdown as search_table
 from zoo_report import SOURCE_MODEL_NOTE, speedup, table, targets
 

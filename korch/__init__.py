@@ -8,13 +8,13 @@ from collections.abc import Mapping
 
 import onnx
 
-from korch import openmp  # noqa: F401 (before torch loads: its OpenMP workers' spin)
 from korch.config import VERSION
 from korch.errors import CheckFailed, KorchError, ShapeError
 from korch.frontend import FissionResult, import_onnx
 from korch.ir.graph import Graph
 from korch.ir.prims import Kind, Prim, TensorType
 from korch.ir.serialize import load_graph, save_graph
+from korch.measure import openmp  # noqa: F401 (before torch loads: its OpenMP workers' spin)
 
 __version__ = VERSION
 

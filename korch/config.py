@@ -74,7 +74,7 @@ ROUND_MOST = 64  # (kernel, backend) pairs a search round measures at most, the 
 PRIORITY_SHARE = 0.5  # of --time-budget, at most, for the kernels that make plans alone (then search)
 WHOLE_GRAPH_REACH = 10.0  # whole-graph plans isolated within this factor of the best are measured in place
 IN_PLACE_FLOOR = 0.5  # a negative in-place correction takes at most this share of a kernel's isolated time
-OMP_SPINCOUNT = 3000  # spins of an idle GNU OpenMP worker before it sleeps (korch.openmp; 300,000 by default)
+OMP_SPINCOUNT = 3000  # an idle GNU OpenMP worker's spins before it sleeps (korch.measure.openmp; GNU's: 300k)
 # plans measured within this factor of the fastest (by minima) are timed again side by side: plans are
 # measured minutes apart, and a slow episode of a shared machine, seconds long, slows some plans more
 RUNOFF = 2.0

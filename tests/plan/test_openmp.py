@@ -1,4 +1,4 @@
-"""korch.openmp: the spin of GNU OpenMP's idle workers, set in the environment before torch loads
+"""korch.measure.openmp: the spin of GNU OpenMP's idle workers, set in the environment before torch loads
 (each case in a fresh interpreter: the setting is made once, at import)."""
 
 import os
