@@ -19,7 +19,7 @@ beside the database's isolated medians (what the solver priced the plan at).
 from __future__ import annotations
 
 # isort: off
-import korch  # noqa: F401 (first: korch.measure.openmp sets torch's OpenMP spin before torch loads, as the CLI does)
+import korch  # noqa: F401 (first: korch.measure.openmp sets torch's OpenMP spin, as the CLI does)
 
 # isort: on
 import argparse

@@ -16,7 +16,7 @@ Inductor and vendor kernels and set against torch.compile, as on a GPU.
 from __future__ import annotations
 
 # isort: off
-import korch  # (first: korch.measure.openmp sets torch's OpenMP spin before torch loads, as the CLI does)
+import korch  # (first: korch.measure.openmp sets torch's OpenMP spin, as the CLI does)
 
 # isort: on
 import argparse
