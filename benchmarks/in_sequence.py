@@ -54,16 +54,18 @@ def solver_plan(model: Path, db: Path, backends: str):
 
 
 def kernel_calls(ex: Executable, feeds: dict) -> list:
-    """(fn, args) of each kernel of the plan, its arguments those one run of the plan gives it."""
-    env, calls = dict(feeds), []
-    for fn, args, computed, outs, free in ex.steps:
-        args = list(args)
-        for i, v in computed:
-            args[i] = env[v]
-        calls.append((fn, args))
-        env.update(zip(outs, fn(*args)))
-        for v in free:
-            env.pop(v, None)
+    """(fn, args) of each kernel of the plan, its arguments those one run of the plan gives it
+    (the executable's own run, each kernel wrapped to record its call)."""
+    calls = []
+
+    def recording(fn):
+        def call(*args):
+            calls.append((fn, list(args)))
+            return fn(*args)
+
+        return call
+
+    ex._run(feeds, steps=[(recording(fn), *rest) for fn, *rest in ex.steps])
     return calls
 
 

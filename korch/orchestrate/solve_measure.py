@@ -346,10 +346,12 @@ def _count(report: SearchReport, profiler: Profiler, found: CandidateSet) -> Non
                 else:
                     entry[state] += 1
     report.pruned_reasons = reasons
-    report.pruned_candidates = {}
+    grouped: dict[str, dict[str, list[str]]] = {}
     for why, part, nodes in sorted(listed, key=lambda row: (row[0], row[1], _first(row[2]), row[2])):
-        where = report.pruned_candidates.setdefault(why, {})
-        where[str(part)] = f"{where[str(part)]};{nodes}" if str(part) in where else nodes
+        grouped.setdefault(why, {}).setdefault(str(part), []).append(nodes)
+    report.pruned_candidates = {
+        why: {part: ";".join(nodes) for part, nodes in parts.items()} for why, parts in grouped.items()
+    }
     report.partitions = [per_part[i] for i in sorted(per_part)]
     report.candidates = report.measured + report.bounded + report.pruned
 
