@@ -668,7 +668,8 @@ def test_the_whole_graph_variant_decides_by_the_plan_timings_korch_kept(model_pa
     """The ablation's whole-graph variant (selection "whole-graph") takes each whole-graph plan's
     in-place measurement that korch's own run kept, then the runoff between those close to the
     fastest, instead of one fresh measurement each (a burst of interference during one plan's
-    runs decided it): no plan is measured in place again, the chosen plan's numbers are those
+    runs decided it): no plan korch's run measured is measured in place again (only one its run
+    left out, isolated beyond WHOLE_GRAPH_REACH of its best), the chosen plan's numbers are those
     korch's run measured, and a runoff, where one ran, kept its lowest median."""
     import korch.plan.refine as refine
 
@@ -676,18 +677,23 @@ def test_the_whole_graph_variant_decides_by_the_plan_timings_korch_kept(model_pa
         cache=tmp_path / "p.sqlite", backends=("onnxruntime", "inductor"), min_time=0.002, progress=False
     )
     first = optimize(model_path, options=options)
+    measured_now = []
 
-    def refused(*args, **kwargs):
-        raise AssertionError("a plan was measured in place again")
+    def counted(plan, **kwargs):
+        measured_now.append(plan.predicted_ms)
+        return measure_in_place(plan, **kwargs)
 
-    monkeypatch.setattr(refine, "measure_in_place", refused)
+    measure_in_place = refine.measure_in_place
+    monkeypatch.setattr(refine, "measure_in_place", counted)
     whole = optimize(model_path, options=dataclasses.replace(options, selection="whole-graph", time_budget=0))
     assert [(k.spec.key.startswith("graph-"), len(k.nodes)) for k in whole.kernels] == [
         (True, len(whole.graph.nodes))
     ]
-    assert {"ms": whole.meta.measured["ms"], "min_ms": whole.meta.measured["min_ms"]} in [
-        {"ms": r["measured_ms"], "min_ms": r["min_ms"]} for r in first.meta.refine
-    ]
+    reach = refine.WHOLE_GRAPH_REACH * min(r["min_ms"] for r in first.meta.refine)
+    assert all(ms > reach for ms in measured_now)  # (a timing disturbed when profiled: once on CI)
+    kept = [{"ms": r["measured_ms"], "min_ms": r["min_ms"]} for r in first.meta.refine]
+    if not measured_now:
+        assert {"ms": whole.meta.measured["ms"], "min_ms": whole.meta.measured["min_ms"]} in kept
     report = whole.meta.runoff
     if report is not None:
         assert report["medians_ms"][report["winner"]] == min(report["medians_ms"])
