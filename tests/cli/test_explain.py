@@ -65,7 +65,9 @@ def test_report_matches_the_plan(plan_dir):
     plan = Plan.load(plan_dir)
     r = explain.report(plan, str(plan_dir))
     assert len(r["kernels"]) == len(plan.kernels) > 1
-    assert sum(k["ms"] for k in r["kernels"]) == pytest.approx(plan.predicted_ms, rel=1e-4)
+    assert sum(k["ms"] for k in r["kernels"]) == pytest.approx(
+        plan.predicted_ms, rel=1e-4, abs=5e-7 * len(plan.kernels)
+    )  # (each at 6 decimals)
     assert sum(k["share"] for k in r["kernels"]) == pytest.approx(1.0, abs=1e-3)
     covered = {n for k in r["kernels"] for n in k["nodes"]}
     assert covered == set(range(r["primitives"]))
